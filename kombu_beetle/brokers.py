@@ -1,0 +1,253 @@
+"""One RabbitMQ broker as the transport sees it, and the set of them.
+
+A :class:`BrokerLink` owns one py-amqp connection and knows whether the broker
+is alive.  When an operation on it fails, the link is marked dead (its socket
+is dropped, never waited on) and a background reviver reconnects it with
+backoff; the main thread adopts the fresh connection at its next safe point.
+So a broker that dies never costs a caller more than one failed operation.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import amqp
+from kombu.transport import pyamqp
+
+from .options import BeetleOptions, BrokerAddress
+
+logger = logging.getLogger(__name__)
+
+#: errors that mean "this broker's connection is gone", as py-amqp reports them
+LINK_ERRORS: tuple[type[BaseException], ...] = (
+    *amqp.Connection.connection_errors,
+    *amqp.Connection.recoverable_connection_errors,
+    socket.timeout,
+    AttributeError,  # py-amqp raises it when a connection is torn down under it
+)
+
+
+def fail_or_raise(link: BrokerLink, exc: BaseException) -> None:
+    """Blame ``link`` for ``exc``, unless a consumer callback raised it (then re-raise).
+
+    Deliveries are dispatched while we wait on a broker, so an error from
+    application code can surface here; it must reach the caller, and the
+    broker must not be dropped for it.
+    """
+    if getattr(exc, "_beetle_from_callback", False):
+        raise exc
+    link.fail(exc)
+
+
+class BrokerChannel(pyamqp.Channel):
+    """A kombu pyamqp channel that never lets a dead broker's ack reach Celery.
+
+    Deliveries are bound to the channel that delivered them, so acks go to the
+    right broker.  If that broker died meanwhile, the ack is dropped: the broker
+    redelivers the message, and the worker must not be restarted over it.
+    """
+
+    beetle_link: BrokerLink | None = None
+
+    def _link_call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        link = self.beetle_link
+        if self.connection is None or not self.is_open:
+            logger.debug("dropping %s on a closed channel of %s", method.__name__, link)
+            return None
+        try:
+            return method(*args, **kwargs)
+        except LINK_ERRORS as exc:
+            if link is not None:
+                fail_or_raise(link, exc)
+            return None
+
+    def basic_ack(self, delivery_tag: int, multiple: bool = False, **kwargs: Any) -> Any:
+        return self._link_call(super().basic_ack, delivery_tag, multiple, **kwargs)
+
+    def basic_reject(self, delivery_tag: int, requeue: bool = True, **kwargs: Any) -> Any:
+        return self._link_call(super().basic_reject, delivery_tag, requeue, **kwargs)
+
+    def basic_nack(
+        self, delivery_tag: int, multiple: bool = False, requeue: bool = True, **kwargs: Any
+    ) -> Any:
+        return self._link_call(super().basic_nack, delivery_tag, multiple, requeue, **kwargs)
+
+
+class BrokerConnection(pyamqp.Connection):
+    """py-amqp connection whose channels are :class:`BrokerChannel`."""
+
+    Channel = BrokerChannel
+
+
+class BrokerLink:
+    """One broker: its connection, liveness and reconnect schedule."""
+
+    def __init__(
+        self,
+        address: BrokerAddress,
+        options: BeetleOptions,
+        *,
+        consume_only: bool = False,
+        on_dead: Callable[[BrokerLink], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.address = address
+        self.name = address.name
+        self.options = options
+        self.consume_only = consume_only
+        self.conn: BrokerConnection | None = None
+        #: a connection the reviver made, waiting to be adopted by the main thread
+        self.pending: BrokerConnection | None = None
+        #: bumped on every adoption, so channels of an older connection are known stale
+        self.generation = 0
+        self.failures = 0
+        self.next_retry_at = 0.0
+        self.last_error: BaseException | None = None
+        self._on_dead = on_dead
+        self._clock = clock
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<BrokerLink {self.name} {'alive' if self.alive else 'dead'}>"
+
+    @property
+    def alive(self) -> bool:
+        conn = self.conn
+        return conn is not None and bool(conn.connected)
+
+    def connect(self) -> BrokerConnection:
+        """Open a new AMQP connection to this broker (blocking, bounded by connect timeout)."""
+        opts = self.options
+        kwargs: dict[str, Any] = {
+            "host": self.name,
+            "userid": opts.userid,
+            "password": opts.password,
+            "virtual_host": opts.virtual_host,
+            "ssl": opts.ssl,
+            "connect_timeout": opts.connect_timeout_s,
+            "heartbeat": opts.heartbeat_s,
+            "login_method": "PLAIN",
+        }
+        kwargs.update(opts.amqp_options)
+        kwargs.update(opts.broker_options.get(self.name, {}))
+        conn = BrokerConnection(**kwargs)
+        try:
+            conn.connect()
+        except BaseException:
+            _drop(conn)
+            raise
+        return conn
+
+    def attach(self, conn: BrokerConnection) -> None:
+        """Make ``conn`` this link's live connection (main thread)."""
+        self.conn = conn
+        self.generation += 1
+        self.failures = 0
+        self.last_error = None
+        logger.info("beetle: broker %s is up", self.name)
+
+    def adopt_pending(self) -> bool:
+        with self._lock:
+            conn, self.pending = self.pending, None
+        if conn is None:
+            return False
+        if not conn.connected:
+            self._schedule_retry()
+            return False
+        self.attach(conn)
+        return True
+
+    def offer(self, conn: BrokerConnection) -> None:
+        """Called by the reviver thread with a fresh connection."""
+        with self._lock:
+            old, self.pending = self.pending, conn
+        if old is not None:
+            _drop(old)
+
+    def fail(self, exc: BaseException | None) -> None:
+        """Mark the broker dead: drop its socket now, retry later with backoff."""
+        conn, self.conn = self.conn, None
+        if conn is None:
+            return
+        self.last_error = exc
+        logger.warning("beetle: broker %s is down: %r", self.name, exc)
+        if self._on_dead is not None:
+            self._on_dead(self)
+        _drop(conn)
+        self._schedule_retry()
+
+    def _schedule_retry(self) -> None:
+        self.failures += 1
+        opts = self.options
+        delay = min(
+            opts.reconnect_interval_s * 2 ** (self.failures - 1), opts.reconnect_max_interval_s
+        )
+        self.next_retry_at = self._clock() + delay
+
+    def due(self, now: float) -> bool:
+        return self.conn is None and self.pending is None and now >= self.next_retry_at
+
+    def close(self, graceful: bool = True) -> None:
+        conn, self.conn = self.conn, None
+        with self._lock:
+            pending, self.pending = self.pending, None
+        if pending is not None:
+            _drop(pending)
+        if conn is None:
+            return
+        if not graceful:
+            _drop(conn)
+            return
+        try:
+            conn.close()
+        except Exception:
+            _drop(conn)
+
+
+def _drop(conn: amqp.Connection) -> None:
+    """Abandon a connection without any handshake (the broker may be hung)."""
+    try:
+        conn.collect()
+    except Exception:  # pragma: no cover - best effort on a dead socket
+        pass
+
+
+class BrokerSet:
+    """The links of one transport connection, and which of them get a message."""
+
+    def __init__(self, links: list[BrokerLink], strategy: str) -> None:
+        self.links = links
+        self.publishable = [link for link in links if not link.consume_only]
+        self.strategy = strategy
+        self._rr = itertools.count()
+
+    def __iter__(self) -> Iterator[BrokerLink]:
+        return iter(self.links)
+
+    def live(self) -> list[BrokerLink]:
+        return [link for link in self.links if link.alive]
+
+    def candidates(self) -> list[BrokerLink]:
+        """Live publishable brokers in the order a publish should try them.
+
+        ``round_robin`` rotates the start so that load spreads; ``primary``
+        always starts at the first live broker in URL order.
+        """
+        live = [link for link in self.publishable if link.alive]
+        if self.strategy == "round_robin" and len(live) > 1:
+            start = next(self._rr) % len(live)
+            live = live[start:] + live[:start]
+        return live
+
+    def rotate(self, n: int) -> int:
+        """A start index that moves on each call (fair reads across brokers)."""
+        return next(self._rr) % n if n else 0
+
+    def names(self) -> list[str]:
+        return [link.name for link in self.publishable]

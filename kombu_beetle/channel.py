@@ -1,0 +1,420 @@
+"""The transport-level channel: one py-amqp channel per live broker behind it.
+
+Declarations, ``basic_qos``, ``basic_consume`` and cancels fan out to every
+broker (and are replayed on a broker that comes back); publishing is in
+:mod:`kombu_beetle.publish`; deliveries stay bound to the channel of the broker
+that delivered them, so acks and rejects go back there.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import amqp
+from kombu.transport import base, pyamqp
+from kombu.transport.base import to_rabbitmq_queue_arguments
+
+from .brokers import LINK_ERRORS, BrokerChannel, BrokerLink, fail_or_raise
+from .errors import NoBrokerAvailable
+from .publish import publish
+
+if TYPE_CHECKING:
+    from .connection import BeetleConnection
+
+logger = logging.getLogger(__name__)
+
+CHANNEL_ERRORS = amqp.Connection.channel_errors
+BROKER_HEADER = "beetle_broker"
+
+
+@dataclass
+class ConsumerSpec:
+    queue: str
+    no_ack: bool
+    callback: Any
+    arguments: Any
+    on_cancel: Any
+    exclusive: bool = False
+
+
+class BeetleChannel(base.StdChannel):
+    """Looks like a kombu pyamqp channel; fans out to one channel per broker."""
+
+    Message = pyamqp.Message
+
+    def __init__(self, connection: BeetleConnection, channel_id: int) -> None:
+        self.connection = connection
+        self.channel_id = channel_id
+        self.events: defaultdict[str, set[Any]] = defaultdict(set)
+        self.is_open = True
+        self._subs: dict[BrokerLink, tuple[int, BrokerChannel]] = {}
+        self._consumers: dict[str, ConsumerSpec] = {}
+        self._qos: tuple[int, int, bool] | None = None
+        for link in connection.brokers.live():
+            try:
+                self._sub(link)
+            except LINK_ERRORS as exc:
+                fail_or_raise(link, exc)
+
+    def __repr__(self) -> str:
+        return f"<BeetleChannel {self.channel_id} brokers={[link.name for link in self._subs]}>"
+
+    # -- per-broker channels --------------------------------------------------------
+
+    def _sub(self, link: BrokerLink) -> BrokerChannel:
+        """The open channel on ``link``, opened (and set up again) if needed."""
+        entry = self._subs.get(link)
+        if entry is not None:
+            generation, sub = entry
+            if generation == link.generation and sub.is_open and sub.connection is not None:
+                return sub
+        return self._open_sub(link)
+
+    def _open_sub(self, link: BrokerLink) -> BrokerChannel:
+        if link.conn is None:
+            raise NoBrokerAvailable([link.name], "broker is down")
+        sub = link.conn.channel()
+        sub.beetle_link = link
+        if self.connection.options.confirm_publish:
+            sub.confirm_select()
+            sub._confirm_selected = True
+        sub.events["basic_return"].add(self._on_return)
+        self._subs[link] = (link.generation, sub)
+        if self._qos is not None:
+            sub.basic_qos(*self._qos)
+        for tag, spec in self._consumers.items():
+            self._consume_on(sub, tag, spec)
+        return sub
+
+    def _on_return(self, *args: Any) -> None:
+        for callback in list(self.events["basic_return"]):
+            callback(*args)
+
+    def attach(self, link: BrokerLink) -> None:
+        """A broker came back: set up this channel's state on it."""
+        if self.is_open:
+            self._sub(link)
+
+    def detach(self, link: BrokerLink) -> None:
+        """A broker went away: forget its channel (its deliveries are redelivered)."""
+        self._subs.pop(link, None)
+
+    def forget_all(self, graceful: bool) -> None:
+        subs = [sub for _, sub in self._subs.values()]
+        self._subs.clear()
+        self.is_open = False
+        if graceful:
+            for sub in subs:
+                _close_quietly(sub)
+
+    def _live_subs(self) -> list[tuple[BrokerLink, BrokerChannel]]:
+        self.connection.maintain()
+        subs = []
+        for link in self.connection.brokers.live():
+            try:
+                subs.append((link, self._sub(link)))
+            except LINK_ERRORS as exc:
+                fail_or_raise(link, exc)
+        return subs
+
+    def _fanout(
+        self, method: str, *args: Any, all_must_succeed: bool = True, **kwargs: Any
+    ) -> list[Any]:
+        """Call ``method`` on every live broker; a dead one is skipped and revived later."""
+        results: list[Any] = []
+        errors: list[BaseException] = []
+        for link, sub in self._live_subs():
+            try:
+                results.append(getattr(sub, method)(*args, **kwargs))
+            except CHANNEL_ERRORS as exc:
+                errors.append(exc)
+                self._subs.pop(link, None)
+                self._reopen_after_error(link)
+            except LINK_ERRORS as exc:
+                fail_or_raise(link, exc)
+        if errors and (all_must_succeed or not results):
+            raise errors[0]
+        if not results and not errors:
+            raise NoBrokerAvailable(self.connection.brokers.names(), f"{method} reached none")
+        return results
+
+    def _reopen_after_error(self, link: BrokerLink) -> None:
+        """A channel error closed this broker's channel: keep its consumers going."""
+        if not self._consumers and self._qos is None:
+            return
+        try:
+            self._sub(link)
+        except CHANNEL_ERRORS as exc:
+            logger.error("beetle: cannot reopen channel on %s: %r", link.name, exc)
+        except LINK_ERRORS as exc:
+            fail_or_raise(link, exc)
+
+    # -- declarations ----------------------------------------------------------------
+
+    def _declare(self, method: str, **kwargs: Any) -> list[Any]:
+        results = self._fanout(method, **kwargs)
+        self.connection.declarations.record(method, kwargs)
+        return results
+
+    def exchange_declare(self, exchange: str = "", type: str = "direct", **kwargs: Any) -> None:
+        if kwargs.get("passive"):
+            self._fanout(
+                "exchange_declare", exchange=exchange, type=type, all_must_succeed=False, **kwargs
+            )
+            return
+        self._declare("exchange_declare", exchange=exchange, type=type, **kwargs)
+
+    def exchange_delete(self, exchange: str = "", **kwargs: Any) -> None:
+        self._fanout("exchange_delete", exchange=exchange, **kwargs)
+        self.connection.declarations.forget("exchange_delete", {"exchange": exchange})
+
+    def exchange_bind(
+        self, destination: str = "", source: str = "", routing_key: str = "", **kwargs: Any
+    ) -> None:
+        self._declare(
+            "exchange_bind",
+            destination=destination,
+            source=source,
+            routing_key=routing_key,
+            **kwargs,
+        )
+
+    def exchange_unbind(
+        self, destination: str = "", source: str = "", routing_key: str = "", **kwargs: Any
+    ) -> None:
+        args = dict(destination=destination, source=source, routing_key=routing_key, **kwargs)
+        self._fanout("exchange_unbind", **args)
+        self.connection.declarations.forget("exchange_unbind", args)
+
+    def queue_declare(self, queue: str = "", passive: bool = False, **kwargs: Any) -> Any:
+        if not queue:
+            # a server-named queue would get a different name on every broker
+            queue = f"beetle.gen-{uuid.uuid4().hex}"
+        if passive:
+            results = self._fanout(
+                "queue_declare", queue=queue, passive=True, all_must_succeed=False, **kwargs
+            )
+        else:
+            results = self._declare("queue_declare", queue=queue, **kwargs)
+        found = [r for r in results if r is not None]
+        if not found:
+            return None  # nowait
+        return amqp.protocol.queue_declare_ok_t(
+            queue, sum(r.message_count for r in found), sum(r.consumer_count for r in found)
+        )
+
+    def queue_bind(
+        self, queue: str = "", exchange: str = "", routing_key: str = "", **kwargs: Any
+    ) -> None:
+        self._declare(
+            "queue_bind", queue=queue, exchange=exchange, routing_key=routing_key, **kwargs
+        )
+
+    def queue_unbind(
+        self, queue: str = "", exchange: str = "", routing_key: str = "", **kwargs: Any
+    ) -> None:
+        args = dict(queue=queue, exchange=exchange, routing_key=routing_key, **kwargs)
+        self._fanout("queue_unbind", **args)
+        self.connection.declarations.forget("queue_unbind", args)
+
+    def queue_purge(self, queue: str = "", **kwargs: Any) -> int:
+        return sum(r or 0 for r in self._fanout("queue_purge", queue=queue, **kwargs))
+
+    def queue_delete(self, queue: str = "", **kwargs: Any) -> int:
+        counts = self._fanout("queue_delete", queue=queue, **kwargs)
+        self.connection.declarations.forget("queue_delete", {"queue": queue})
+        return sum(c or 0 for c in counts)
+
+    # -- consuming ------------------------------------------------------------------
+
+    def basic_qos(
+        self, prefetch_size: int = 0, prefetch_count: int = 0, a_global: bool = False, **kwargs: Any
+    ) -> None:
+        self._qos = (prefetch_size, prefetch_count, a_global)
+        self._fanout("basic_qos", prefetch_size, prefetch_count, a_global)
+
+    def basic_consume(
+        self,
+        queue: str = "",
+        consumer_tag: str = "",
+        no_local: bool = False,
+        no_ack: bool = False,
+        exclusive: bool = False,
+        nowait: bool = False,
+        callback: Any = None,
+        arguments: Any = None,
+        on_cancel: Any = None,
+        **kwargs: Any,
+    ) -> str:
+        tag = consumer_tag or f"beetle-{uuid.uuid4().hex}"
+        spec = ConsumerSpec(queue, no_ack, _tag_errors(callback), arguments, on_cancel, exclusive)
+        subs = self._live_subs()
+        if not subs:
+            raise NoBrokerAvailable(self.connection.brokers.names(), "cannot consume")
+        self._consumers[tag] = spec
+        errors: list[BaseException] = []
+        for link, sub in subs:
+            try:
+                self._consume_on(sub, tag, spec)
+            except CHANNEL_ERRORS as exc:
+                errors.append(exc)
+                self._subs.pop(link, None)
+            except LINK_ERRORS as exc:
+                fail_or_raise(link, exc)
+        if errors and len(errors) == len(subs):
+            self._consumers.pop(tag, None)
+            raise errors[0]
+        return tag
+
+    @staticmethod
+    def _consume_on(sub: BrokerChannel, tag: str, spec: ConsumerSpec) -> None:
+        sub.basic_consume(
+            queue=spec.queue,
+            consumer_tag=tag,
+            no_ack=spec.no_ack,
+            exclusive=spec.exclusive,
+            callback=spec.callback,
+            arguments=spec.arguments,
+            on_cancel=spec.on_cancel,
+        )
+
+    def basic_cancel(self, consumer_tag: str, **kwargs: Any) -> None:
+        self._consumers.pop(consumer_tag, None)
+        for link, sub in list(self._live_subs()):
+            if consumer_tag not in sub.callbacks:
+                continue
+            try:
+                sub.basic_cancel(consumer_tag)
+            except CHANNEL_ERRORS:
+                self._subs.pop(link, None)
+            except LINK_ERRORS as exc:
+                fail_or_raise(link, exc)
+
+    def basic_get(self, queue: str = "", no_ack: bool = False, **kwargs: Any) -> Any:
+        """The next message of ``queue`` from whichever broker has one."""
+        subs = self._live_subs()
+        if not subs:
+            raise NoBrokerAvailable(self.connection.brokers.names(), "cannot get")
+        start = self.connection.brokers.rotate(len(subs))
+        errors: list[BaseException] = []
+        for link, sub in subs[start:] + subs[:start]:
+            try:
+                message = sub.basic_get(queue=queue, no_ack=no_ack)
+            except CHANNEL_ERRORS as exc:
+                errors.append(exc)
+                self._subs.pop(link, None)
+                continue
+            except LINK_ERRORS as exc:
+                fail_or_raise(link, exc)
+                continue
+            if message is not None:
+                return message
+        if errors and len(errors) == len(subs):
+            raise errors[0]
+        return None
+
+    def basic_recover(self, requeue: bool = True) -> None:
+        self._fanout("basic_recover", requeue=requeue)
+
+    def flow(self, active: bool) -> None:
+        self._fanout("flow", active)
+
+    def basic_ack(self, delivery_tag: int, multiple: bool = False) -> None:
+        raise NotImplementedError(
+            "ack through the message (message.ack()): a delivery tag alone does not say "
+            "which broker delivered it"
+        )
+
+    basic_reject = basic_ack
+
+    # -- messages -------------------------------------------------------------------
+
+    def prepare_message(
+        self,
+        body: Any,
+        priority: Any = None,
+        content_type: Any = None,
+        content_encoding: Any = None,
+        headers: Any = None,
+        properties: Any = None,
+    ) -> amqp.Message:
+        return amqp.Message(
+            body,
+            priority=priority,
+            content_type=content_type,
+            content_encoding=content_encoding,
+            application_headers=headers,
+            **properties or {},
+        )
+
+    def prepare_queue_arguments(self, arguments: Any, **kwargs: Any) -> Any:
+        return to_rabbitmq_queue_arguments(arguments, **kwargs)
+
+    def message_to_python(self, raw_message: Any) -> pyamqp.Message:
+        channel = raw_message.channel
+        link = getattr(channel, "beetle_link", None)
+        if link is not None:
+            raw_message.delivery_info[BROKER_HEADER] = link.name
+        return self.Message(raw_message, channel=channel)
+
+    def basic_publish(
+        self,
+        message: amqp.Message,
+        exchange: str = "",
+        routing_key: str = "",
+        mandatory: bool = False,
+        immediate: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        publish(
+            self,
+            message,
+            exchange,
+            routing_key,
+            mandatory,
+            immediate,
+            timeout=kwargs.get("confirm_timeout") or kwargs.get("timeout"),
+        )
+
+    def sub_for(self, link: BrokerLink) -> BrokerChannel:
+        return self._sub(link)
+
+    def close(self) -> None:
+        if not self.is_open:
+            return
+        self.forget_all(graceful=True)
+        self._consumers.clear()
+        self.connection.remove_channel(self)
+
+    def after_reply_message_received(self, queue: str) -> None:
+        pass
+
+
+def _tag_errors(callback: Any) -> Any:
+    """Mark exceptions from a consumer callback, so they are not taken for a broker failure."""
+    if callback is None:
+        return None
+
+    def deliver(message: Any) -> Any:
+        try:
+            return callback(message)
+        except BaseException as exc:
+            try:
+                exc._beetle_from_callback = True  # type: ignore[attr-defined]
+            except (AttributeError, TypeError):
+                pass
+            raise
+
+    return deliver
+
+
+def _close_quietly(sub: BrokerChannel) -> None:
+    try:
+        if sub.is_open and sub.connection is not None:
+            sub.close()
+    except Exception as exc:
+        logger.debug("beetle: closing a channel failed: %r", exc)

@@ -1,0 +1,292 @@
+"""The transport-level connection: N broker links behind one kombu connection.
+
+Kombu and Celery see one connection object.  Behind it every broker has its
+own py-amqp connection; a broker that fails is dropped from the set (and from
+Celery's event loop) and reconnected in the background, so the Celery consumer
+is never restarted while at least one broker is alive.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import select
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from .brokers import LINK_ERRORS, BrokerLink, BrokerSet, fail_or_raise
+from .declarations import DeclarationLog
+from .errors import NoBrokerAvailable
+from .options import BeetleOptions
+from .reviver import Reviver
+
+if TYPE_CHECKING:
+    from .channel import BeetleChannel
+
+logger = logging.getLogger(__name__)
+
+#: how often the event loop adopts revived brokers, seconds
+MAINTAIN_INTERVAL_S = 0.2
+_UNAVAILABLE = (errno.EAGAIN, errno.EINTR)
+
+
+def from_callback(exc: BaseException) -> bool:
+    """True when ``exc`` was raised by a consumer callback, not by a broker socket."""
+    return getattr(exc, "_beetle_from_callback", False)
+
+
+class BeetleConnection:
+    """Looks like one py-amqp connection to kombu; owns one link per broker."""
+
+    def __init__(
+        self,
+        options: BeetleOptions,
+        client: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.options = options
+        self.client = client
+        self._clock = clock
+        consume_only = set(options.all_brokers) - set(options.brokers)
+        links = [
+            BrokerLink(
+                address,
+                options,
+                consume_only=address in consume_only,
+                on_dead=self._on_link_dead,
+                clock=clock,
+            )
+            for address in options.all_brokers
+        ]
+        self.brokers = BrokerSet(links, options.publish_strategy)
+        self.declarations = DeclarationLog()
+        self.channels: list[BeetleChannel] = []
+        self._reviver = Reviver(links, clock=clock)
+        self._loop: Any = None
+        self._readers: dict[BrokerLink, Any] = {}
+        self._timer: Any = None
+        self._closed = False
+        self._next_channel_id = 1
+        self._rotation = 0
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def connect(self) -> BeetleConnection:
+        """Connect to every broker in parallel; at least one must answer."""
+        links = list(self.brokers)
+        with ThreadPoolExecutor(max_workers=len(links)) as pool:
+            results = list(pool.map(_try_connect, links))
+        for link, result in zip(links, results, strict=False):
+            if isinstance(result, BaseException):
+                link.last_error = result
+                link._schedule_retry()
+                logger.warning("beetle: broker %s is down at connect: %r", link.name, result)
+            else:
+                link.attach(result)
+                self._prepare_socket(link)
+        if not self.brokers.live():
+            reasons = "; ".join(f"{link.name}: {link.last_error!r}" for link in links)
+            raise NoBrokerAvailable([link.name for link in links], reasons)
+        if len(self.brokers.live()) < len(links):
+            self._reviver.wake()
+        return self
+
+    @property
+    def connected(self) -> bool:
+        return not self._closed and bool(self.brokers.live())
+
+    def close(self) -> None:
+        self._shutdown(graceful=True)
+
+    def collect(self) -> None:
+        self._shutdown(graceful=False)
+
+    def _shutdown(self, graceful: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._reviver.stop()
+        if self._timer is not None:
+            self._timer.cancel()
+        for link in list(self._readers):
+            self._remove_reader(link)
+        for channel in list(self.channels):
+            channel.forget_all(graceful=graceful)
+        self.channels.clear()
+        for link in self.brokers:
+            # a graceful close waits for the broker's close-ok, bounded by the socket timeout
+            link.close(graceful=graceful and link.alive)
+
+    # -- channels ------------------------------------------------------------------
+
+    def channel(self) -> BeetleChannel:
+        from .channel import BeetleChannel
+
+        if self._closed:
+            raise NoBrokerAvailable(self.brokers.names(), "connection already closed")
+        channel = BeetleChannel(self, self._next_channel_id)
+        self._next_channel_id += 1
+        self.channels.append(channel)
+        return channel
+
+    def remove_channel(self, channel: BeetleChannel) -> None:
+        if channel in self.channels:
+            self.channels.remove(channel)
+
+    # -- liveness ------------------------------------------------------------------
+
+    def maintain(self) -> None:
+        """Adopt brokers the reviver brought back (main thread; cheap when none)."""
+        if self._closed:
+            if self._timer is not None:
+                self._timer.cancel()
+            return
+        for link in self.brokers:
+            if link.pending is not None and link.adopt_pending():
+                self._on_link_up(link)
+
+    def _on_link_up(self, link: BrokerLink) -> None:
+        try:
+            self._prepare_socket(link)
+            self.declarations.replay(link)
+            for channel in self.channels:
+                channel.attach(link)
+        except LINK_ERRORS as exc:
+            fail_or_raise(link, exc)
+            return
+        if self._loop is not None:
+            self._add_reader(link)
+
+    def _on_link_dead(self, link: BrokerLink) -> None:
+        self._remove_reader(link)
+        for channel in self.channels:
+            channel.detach(link)
+        if not self._closed:
+            self._reviver.wake()
+
+    def _prepare_socket(self, link: BrokerLink) -> None:
+        """Bound every blocking call on this broker, so a hung broker cannot hang us."""
+        assert link.conn is not None
+        link.conn.transport.raise_on_initial_eintr = True
+        link.conn.sock.settimeout(self.options.confirm_timeout_s)
+
+    # -- reading -------------------------------------------------------------------
+
+    def drain_events(self, timeout: float | None = None) -> None:
+        """Process one event from any broker; raise ``socket.timeout`` after ``timeout``."""
+        deadline = None if timeout is None else self._clock() + timeout
+        while True:
+            self.maintain()
+            live = self.brokers.live()
+            if len(live) > 1:
+                # rotate so that a busy broker cannot starve the others
+                self._rotation = (self._rotation + 1) % len(live)
+                live = live[self._rotation :] + live[: self._rotation]
+            remaining = None if deadline is None else max(0.0, deadline - self._clock())
+            wait = MAINTAIN_INTERVAL_S if remaining is None else min(remaining, MAINTAIN_INTERVAL_S)
+            ready = [link for link in live if _buffered(link)]
+            if not ready and live:
+                socks = {link.conn.sock: link for link in live if link.conn is not None}
+                try:
+                    readable, _, _ = select.select(list(socks), [], [], wait)
+                except (OSError, ValueError):
+                    readable = []
+                ready = [socks[s] for s in readable]
+            elif not live:
+                time.sleep(wait)
+            for link in ready:
+                if self._read_one(link):
+                    return
+            if deadline is not None and self._clock() >= deadline:
+                raise TimeoutError("timed out")
+
+    def _read_one(self, link: BrokerLink) -> bool:
+        conn = link.conn
+        if conn is None:
+            return False
+        try:
+            conn.drain_events(timeout=0)
+        except TimeoutError:
+            return False
+        except OSError as exc:
+            if exc.errno in _UNAVAILABLE and not from_callback(exc):
+                return False
+            fail_or_raise(link, exc)
+            return False
+        except LINK_ERRORS as exc:
+            fail_or_raise(link, exc)
+            return False
+        return True
+
+    # -- Celery's event loop (kombu hub) -------------------------------------------
+
+    def register_with_event_loop(self, loop: Any) -> None:
+        self._loop = loop
+        for link in self.brokers.live():
+            self._add_reader(link)
+        if self._timer is None:
+            self._timer = loop.call_repeatedly(MAINTAIN_INTERVAL_S, self.maintain)
+
+    def _add_reader(self, link: BrokerLink) -> None:
+        if link.conn is None or self._loop is None:
+            return
+        self._remove_reader(link)
+        sock = link.conn.sock
+        self._readers[link] = sock
+        self._loop.add_reader(sock, self._on_readable, link, link.generation)
+
+    def _remove_reader(self, link: BrokerLink) -> None:
+        sock = self._readers.pop(link, None)
+        if sock is not None and self._loop is not None:
+            try:
+                self._loop.remove(sock)
+            except (OSError, ValueError, KeyError):
+                pass
+
+    def _on_readable(self, link: BrokerLink, generation: int) -> None:
+        # Read until the socket is empty: frames already read into py-amqp's
+        # buffers would otherwise wait for the next wake-up, perhaps forever.
+        if link.generation != generation or not link.alive:
+            return
+        if self._read_one(link) and self._loop is not None:
+            self._loop.call_soon(self._on_readable, link, generation)
+
+    # -- heartbeats and server info -------------------------------------------------
+
+    def heartbeat_tick(self, rate: int = 2) -> None:
+        for link in self.brokers.live():
+            try:
+                link.conn.heartbeat_tick(rate=rate)  # type: ignore[union-attr]
+            except LINK_ERRORS as exc:
+                fail_or_raise(link, exc)
+
+    @property
+    def heartbeat(self) -> float:
+        beats = [link.conn.heartbeat for link in self.brokers.live()]  # type: ignore[union-attr]
+        return min(beats) if beats else self.options.heartbeat_s
+
+    @property
+    def server_properties(self) -> dict[str, Any]:
+        for link in self.brokers.live():
+            return link.conn.server_properties  # type: ignore[union-attr]
+        return {}
+
+
+def _try_connect(link: BrokerLink) -> Any:
+    try:
+        return link.connect()
+    except Exception as exc:
+        return exc
+
+
+def _buffered(link: BrokerLink) -> bool:
+    """Bytes already decrypted by TLS are invisible to select(); look for them."""
+    conn = link.conn
+    sock = getattr(conn, "sock", None)
+    pending = getattr(sock, "pending", None)
+    try:
+        return bool(pending and pending())
+    except (OSError, ValueError):
+        return False

@@ -1,0 +1,106 @@
+"""The declarations a connection made, replayed on a broker that comes back.
+
+A broker that was down when a queue was declared (or that lost its state) must
+get the same exchanges, queues and bindings before it is consumed from or
+published to again.  Deleting an entity removes it, and what depended on it,
+from the log.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import amqp
+
+if TYPE_CHECKING:
+    from .brokers import BrokerLink
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Declaration:
+    method: str
+    kwargs: tuple[tuple[str, Any], ...]
+
+    @property
+    def args(self) -> dict[str, Any]:
+        return dict(self.kwargs)
+
+
+def _key(method: str, kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    if method == "exchange_declare":
+        return (method, kwargs.get("exchange"))
+    if method == "queue_declare":
+        return (method, kwargs.get("queue"))
+    return (method, tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
+
+
+class DeclarationLog:
+    """Ordered, de-duplicated record of declarations and bindings."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[Any, ...], Declaration] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[Declaration]:
+        return iter(list(self._entries.values()))
+
+    def record(self, method: str, kwargs: dict[str, Any]) -> None:
+        if kwargs.get("passive"):
+            return
+        replay = {k: v for k, v in kwargs.items() if k != "nowait"}
+        key = _key(method, replay)
+        self._entries.pop(key, None)  # keep the newest last, after what it depends on
+        self._entries[key] = Declaration(method, tuple(replay.items()))
+
+    def forget(self, method: str, kwargs: dict[str, Any]) -> None:
+        if method == "queue_delete":
+            name = kwargs.get("queue")
+            self._drop(lambda d: d.args.get("queue") == name)
+        elif method == "exchange_delete":
+            name = kwargs.get("exchange")
+            self._drop(
+                lambda d: (
+                    d.args.get("exchange") == name
+                    or (d.method in ("exchange_bind",) and d.args.get("source") == name)
+                    or (d.method in ("exchange_bind",) and d.args.get("destination") == name)
+                )
+            )
+        elif method in ("queue_unbind", "exchange_unbind"):
+            bind = "queue_bind" if method == "queue_unbind" else "exchange_bind"
+            target = {k: v for k, v in kwargs.items() if k != "nowait"}
+            self._drop(
+                lambda d: (
+                    d.method == bind
+                    and all(d.args.get(k) == v for k, v in target.items() if k != "arguments")
+                )
+            )
+
+    def _drop(self, predicate: Callable[[Declaration], bool]) -> None:
+        for key, decl in list(self._entries.items()):
+            if predicate(decl):
+                del self._entries[key]
+
+    def replay(self, link: BrokerLink) -> None:
+        """Declare everything again on ``link`` through a short-lived channel."""
+        if not self._entries or link.conn is None:
+            return
+        conn = link.conn
+        channel = conn.channel()
+        try:
+            for decl in self:
+                try:
+                    getattr(channel, decl.method)(**decl.args)
+                except amqp.ChannelError as exc:
+                    # one bad entity must not keep the broker out of the set
+                    logger.error("beetle: cannot re-declare %s on %s: %r", decl, link.name, exc)
+                    channel = conn.channel()
+        finally:
+            if channel.is_open:
+                channel.close()

@@ -1,0 +1,334 @@
+"""Parsing of ``beetle://`` URLs and transport options into one typed value.
+
+Options come from the URL query (``?publish_strategy=primary``) and from
+``broker_transport_options``; the transport options win where both set one.
+Options the transport does not know are handed to py-amqp's ``Connection``
+(``read_timeout``, ``socket_settings``, ...), as the pyamqp transport does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from .errors import InvalidBrokerURL, InvalidTransportOption
+
+DEFAULT_PORT = 5672
+DEFAULT_SSL_PORT = 5671
+PUBLISH_STRATEGIES = ("round_robin", "primary")
+
+#: py-amqp ``Connection`` keyword arguments that may pass through unchanged.
+AMQP_CONNECTION_OPTIONS = frozenset(
+    {
+        "read_timeout",
+        "write_timeout",
+        "socket_settings",
+        "client_properties",
+        "channel_max",
+        "frame_max",
+        "locale",
+        "login_method",
+        "login_response",
+        "authentication",
+    }
+)
+
+#: Options of other transports or of kombu/Celery retry policies that Celery users
+#: commonly keep in ``broker_transport_options``; accepted and ignored.
+IGNORED_OPTIONS = frozenset(
+    {
+        "max_retries",
+        "interval_start",
+        "interval_step",
+        "interval_max",
+        "visibility_timeout",
+        "polling_interval",
+        "priority_steps",
+        "confirm_timeout_s",
+    }
+)
+
+
+@dataclass(frozen=True)
+class BrokerAddress:
+    host: str
+    port: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class BeetleOptions:
+    """Everything the transport needs to know, with units in the names."""
+
+    brokers: tuple[BrokerAddress, ...]
+    userid: str = "guest"
+    password: str = "guest"
+    virtual_host: str = "/"
+    ssl: Any = False
+    #: copies of a redundant message (two distinct brokers)
+    redundancy: int = 2
+    publish_strategy: str = "round_robin"
+    confirm_publish: bool = True
+    confirm_timeout_s: float = 5.0
+    connect_timeout_s: float = 4.0
+    heartbeat_s: float = 0
+    #: first and longest wait before a dead broker is tried again
+    reconnect_interval_s: float = 1.0
+    reconnect_max_interval_s: float = 30.0
+    #: routing keys (queue names) whose messages are always published redundantly
+    redundant_queues: frozenset[str] = frozenset()
+    #: default lifetime of a redundant message (``x-beetle-expires-at``)
+    message_ttl_s: float = 86400.0
+    #: consume-only brokers, for draining an old broker while a fleet moves
+    additional_subscription_brokers: tuple[BrokerAddress, ...] = ()
+    trace_dir: str | None = None
+    #: extra py-amqp Connection keyword arguments, and per-broker overrides by "host:port"
+    amqp_options: Mapping[str, Any] = field(default_factory=dict)
+    broker_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        brokers = ",".join(b.name for b in self.brokers)
+        return (
+            f"BeetleOptions(brokers={brokers}, userid={self.userid!r}, password='**', "
+            f"virtual_host={self.virtual_host!r}, redundancy={self.redundancy}, "
+            f"publish_strategy={self.publish_strategy!r}, confirm_publish={self.confirm_publish})"
+        )
+
+    @property
+    def all_brokers(self) -> tuple[BrokerAddress, ...]:
+        return self.brokers + tuple(
+            b for b in self.additional_subscription_brokers if b not in self.brokers
+        )
+
+
+@dataclass(frozen=True)
+class ParsedURL:
+    brokers: tuple[BrokerAddress, ...]
+    userid: str | None
+    password: str | None
+    virtual_host: str
+    query: dict[str, str]
+
+
+def parse_url(url: str, default_port: int = DEFAULT_PORT) -> ParsedURL:
+    """Split ``beetle://USER:PASS@H1:P1,H2:P2/VHOST?opt=v``; raise InvalidBrokerURL if malformed."""
+    if not isinstance(url, str) or "://" not in url:
+        raise InvalidBrokerURL(str(url), "missing the 'beetle://' scheme")
+    scheme, rest = url.split("://", 1)
+    if scheme != "beetle":
+        raise InvalidBrokerURL(url, f"scheme must be 'beetle', not {scheme!r}")
+    if ";" in rest:
+        raise InvalidBrokerURL(url, "separate brokers with ',' inside one URL, not ';'")
+    try:
+        parts = urlsplit("//" + rest)
+    except ValueError as exc:
+        raise InvalidBrokerURL(url, str(exc)) from None
+    netloc = parts.netloc
+    userid = password = None
+    if "@" in netloc:
+        userinfo, hostlist = netloc.rsplit("@", 1)
+        if ":" in userinfo:
+            user_raw, pass_raw = userinfo.split(":", 1)
+            password = unquote(pass_raw)
+        else:
+            user_raw = userinfo
+        userid = unquote(user_raw) or None
+    else:
+        hostlist = netloc
+    brokers = _parse_hosts(url, hostlist, default_port)
+    path = parts.path
+    if path in ("", "/"):
+        vhost = "/"
+    else:
+        vhost = unquote(path[1:])
+        if "/" in vhost and vhost != "/":
+            raise InvalidBrokerURL(url, f"the vhost {vhost!r} contains '/' (write it as %2F)")
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    return ParsedURL(brokers, userid, password, vhost, query)
+
+
+def _parse_hosts(url: str, hostlist: str, default_port: int) -> tuple[BrokerAddress, ...]:
+    if not hostlist.strip():
+        return (BrokerAddress("127.0.0.1", default_port),)
+    brokers: list[BrokerAddress] = []
+    for index, item in enumerate(hostlist.split(","), start=1):
+        item = item.strip()
+        if not item:
+            raise InvalidBrokerURL(url, f"broker {index} is empty (a stray ',')")
+        if item.startswith("["):  # [ipv6]:port
+            host, _, port_part = item[1:].partition("]")
+            port_text = port_part[1:] if port_part.startswith(":") else ""
+        else:
+            host, _, port_text = item.partition(":")
+        if not host:
+            raise InvalidBrokerURL(url, f"broker {index} ({item!r}) has no host")
+        if port_text:
+            if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+                raise InvalidBrokerURL(
+                    url, f"port {port_text!r} of broker {index} ({item!r}) is not a port number"
+                )
+            port = int(port_text)
+        else:
+            port = default_port
+        if host == "localhost":
+            host = "127.0.0.1"
+        address = BrokerAddress(host, port)
+        if address in brokers:
+            raise InvalidBrokerURL(url, f"broker {address.name} is listed twice")
+        brokers.append(address)
+    return tuple(brokers)
+
+
+def mask_url(url: str, mask: str = "**") -> str:
+    """The URL with its password replaced by ``mask`` (for logs and ``as_uri()``)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest.split("/", 1)[0]:
+        return url
+    netloc, slash, tail = rest.partition("/")
+    userinfo, hostlist = netloc.rsplit("@", 1)
+    if ":" in userinfo:
+        userinfo = userinfo.split(":", 1)[0] + ":" + mask
+    return f"{scheme}://{userinfo}@{hostlist}{slash}{tail}"
+
+
+def _as_bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise InvalidTransportOption(f"transport option {name}={value!r} must be a boolean (1/0)")
+
+
+def _as_number(name: str, value: Any, minimum: float = 0.0) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise InvalidTransportOption(f"transport option {name}={value!r} must be a number")
+    if number < minimum:
+        raise InvalidTransportOption(f"transport option {name}={value!r} must be >= {minimum}")
+    return number
+
+
+def _as_names(value: Any) -> frozenset[str]:
+    if isinstance(value, str):
+        return frozenset(v.strip() for v in value.split(",") if v.strip())
+    return frozenset(str(v) for v in value)
+
+
+def _as_brokers(url: str, value: Any, default_port: int) -> tuple[BrokerAddress, ...]:
+    text = value if isinstance(value, str) else ",".join(str(v) for v in value)
+    return _parse_hosts(url, text, default_port) if text.strip() else ()
+
+
+#: option name -> (dataclass field, converter)
+_CONVERTERS: dict[str, tuple[str, Any]] = {
+    "redundancy": ("redundancy", lambda n, v: int(_as_number(n, v, 1))),
+    "publish_strategy": ("publish_strategy", None),
+    "confirm_publish": ("confirm_publish", _as_bool),
+    "confirm_timeout": ("confirm_timeout_s", lambda n, v: _as_number(n, v, 0.001)),
+    "connect_timeout": ("connect_timeout_s", lambda n, v: _as_number(n, v, 0.001)),
+    "reconnect_interval": ("reconnect_interval_s", lambda n, v: _as_number(n, v, 0.01)),
+    "reconnect_max_interval": ("reconnect_max_interval_s", lambda n, v: _as_number(n, v, 0.01)),
+    "redundant_queues": ("redundant_queues", lambda n, v: _as_names(v)),
+    "message_ttl": ("message_ttl_s", lambda n, v: _as_number(n, v, 1)),
+    "trace_dir": ("trace_dir", lambda n, v: str(v) or None),
+    "heartbeat": ("heartbeat_s", lambda n, v: _as_number(n, v, 0)),
+    "ssl": ("ssl", None),
+}
+KNOWN_OPTIONS = frozenset(_CONVERTERS) | {"additional_subscription_brokers", "broker_options"}
+
+
+def build_options(
+    url: str,
+    transport_options: Mapping[str, Any] | None = None,
+    *,
+    ssl: Any = False,
+    connect_timeout_s: float | None = None,
+    heartbeat_s: float | None = None,
+    userid: str | None = None,
+    password: str | None = None,
+) -> BeetleOptions:
+    """Combine the URL, the transport options and kombu's connection arguments."""
+    parsed = parse_url(url, DEFAULT_SSL_PORT if ssl else DEFAULT_PORT)
+    unknown_in_url = set(parsed.query) - KNOWN_OPTIONS
+    if unknown_in_url:
+        raise InvalidBrokerURL(
+            url,
+            f"unknown option(s) {', '.join(sorted(unknown_in_url))} "
+            f"(known: {', '.join(sorted(KNOWN_OPTIONS))})",
+        )
+    merged: dict[str, Any] = dict(parsed.query)
+    merged.update(transport_options or {})
+    values: dict[str, Any] = {
+        "brokers": parsed.brokers,
+        "userid": parsed.userid or userid or "guest",
+        "password": parsed.password if parsed.password is not None else (password or "guest"),
+        "virtual_host": parsed.virtual_host,
+        "ssl": ssl,
+    }
+    if connect_timeout_s:
+        values["connect_timeout_s"] = float(connect_timeout_s)
+    if heartbeat_s:
+        values["heartbeat_s"] = float(heartbeat_s)
+    amqp_options: dict[str, Any] = {}
+    for name, value in merged.items():
+        if name in _CONVERTERS:
+            field_name, convert = _CONVERTERS[name]
+            values[field_name] = convert(name, value) if convert else value
+        elif name == "additional_subscription_brokers":
+            values[name] = _as_brokers(url, value, DEFAULT_PORT)
+        elif name == "broker_options":
+            values[name] = dict(value)
+        elif name in AMQP_CONNECTION_OPTIONS:
+            amqp_options[name] = value
+        elif name not in IGNORED_OPTIONS:
+            raise InvalidTransportOption(
+                f"unknown beetle transport option {name!r}; known: "
+                f"{', '.join(sorted(KNOWN_OPTIONS | AMQP_CONNECTION_OPTIONS))}"
+            )
+    if values.get("ssl") in ("1", "true", "yes"):
+        values["ssl"] = True
+    elif values.get("ssl") in ("0", "false", "no", ""):
+        values["ssl"] = False
+    values["amqp_options"] = amqp_options
+    options = BeetleOptions(**values)
+    _validate(url, options)
+    return options
+
+
+def _validate(url: str, options: BeetleOptions) -> None:
+    if options.publish_strategy not in PUBLISH_STRATEGIES:
+        raise InvalidTransportOption(
+            f"publish_strategy={options.publish_strategy!r} is not one of "
+            f"{', '.join(PUBLISH_STRATEGIES)}"
+        )
+    if options.reconnect_max_interval_s < options.reconnect_interval_s:
+        raise InvalidTransportOption(
+            "reconnect_max_interval must be >= reconnect_interval "
+            f"({options.reconnect_max_interval_s} < {options.reconnect_interval_s})"
+        )
+    unknown = set(options.broker_options) - {b.name for b in options.all_brokers}
+    if unknown:
+        raise InvalidTransportOption(
+            f"broker_options names broker(s) not in the URL: {', '.join(sorted(unknown))}"
+        )
+
+
+def replace(options: BeetleOptions, **changes: Any) -> BeetleOptions:
+    return dataclasses.replace(options, **changes)
+
+
+def broker_names(brokers: Iterable[BrokerAddress]) -> list[str]:
+    return [b.name for b in brokers]

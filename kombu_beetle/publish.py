@@ -1,0 +1,122 @@
+"""Publishing: a redundant message to two brokers, everything else to one.
+
+Both copies of a redundant message are written before either confirm is
+awaited, so redundancy costs one confirm round trip, not two.  A broker that
+fails (write error, confirm timeout) is marked dead and the copy goes to the
+next live broker instead; only when no broker is left does the publish fail,
+with :class:`~kombu_beetle.errors.NoBrokerAvailable` so Celery's publish retry
+policy applies.
+
+A confirm timeout is ambiguous (the stalled broker may still hold the message),
+so the copy is sent elsewhere: at-least-once, as Celery's own publish retry
+does.  For redundant messages the worker side deduplicates the extra copy.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import amqp
+from amqp import spec
+from amqp.exceptions import MessageNacked
+
+from .brokers import LINK_ERRORS, BrokerChannel, BrokerLink, fail_or_raise
+from .envelope import ensure_message_id, is_redundant, stamp_redundant
+from .errors import NoBrokerAvailable, PublishNotConfirmed
+
+if TYPE_CHECKING:
+    from .channel import BeetleChannel
+
+logger = logging.getLogger(__name__)
+
+_CONFIRMS = [spec.Basic.Ack, spec.Basic.Nack]
+
+
+def _confirm_handler(method: Any, *args: Any) -> None:
+    if method == spec.Basic.Nack:
+        raise MessageNacked()
+
+
+def publish(
+    channel: BeetleChannel,
+    message: amqp.Message,
+    exchange: str,
+    routing_key: str,
+    mandatory: bool = False,
+    immediate: bool = False,
+    timeout: float | None = None,
+) -> list[str]:
+    """Publish ``message``; return the names of the brokers that took it."""
+    connection = channel.connection
+    options = connection.options
+    connection.maintain()
+    candidates = connection.brokers.candidates()
+    if not candidates:
+        raise NoBrokerAvailable(connection.brokers.names(), "every broker is down")
+    properties = message.properties
+    redundant = is_redundant(
+        properties.get("application_headers"), routing_key, options.redundant_queues
+    )
+    ensure_message_id(properties)
+    wanted = options.redundancy if redundant else 1
+    if redundant:
+        stamp_redundant(properties, options.message_ttl_s, degraded=len(candidates) < wanted)
+    confirm_timeout = timeout or options.confirm_timeout_s
+    done: list[BrokerLink] = []
+    failed: list[str] = []
+    nacked = False
+    position = 0
+    while len(done) < wanted and position < len(candidates):
+        batch: list[tuple[BrokerLink, BrokerChannel]] = []
+        while len(done) + len(batch) < wanted and position < len(candidates):
+            link = candidates[position]
+            position += 1
+            if not link.alive:
+                continue
+            try:
+                sub = channel.sub_for(link)
+                sub._basic_publish(
+                    message, exchange, routing_key, mandatory, immediate, timeout=confirm_timeout
+                )
+            except LINK_ERRORS as exc:
+                failed.append(link.name)
+                fail_or_raise(link, exc)
+                continue
+            batch.append((link, sub))
+        if not options.confirm_publish:
+            done.extend(link for link, _ in batch)
+            continue
+        deadline = time.monotonic() + confirm_timeout
+        for link, sub in batch:
+            try:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError("confirm timeout")
+                sub.wait(_CONFIRMS, callback=_confirm_handler, timeout=remaining)
+            except MessageNacked:
+                nacked = True
+                failed.append(link.name)
+                logger.warning("beetle: %s nacked message %s", link.name, properties["message_id"])
+                continue
+            except LINK_ERRORS as exc:
+                failed.append(link.name)
+                fail_or_raise(link, exc)
+                continue
+            done.append(link)
+    if not done:
+        if nacked:
+            raise PublishNotConfirmed(
+                f"message {properties['message_id']} was nacked by {', '.join(failed)}"
+            )
+        raise NoBrokerAvailable(failed or connection.brokers.names(), "publish failed on each")
+    if redundant and len(done) < wanted <= len(candidates):
+        logger.warning(
+            "beetle: redundant message %s stored on %d of %d brokers (%s)",
+            properties["message_id"],
+            len(done),
+            wanted,
+            ", ".join(link.name for link in done),
+        )
+    return [link.name for link in done]

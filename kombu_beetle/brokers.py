@@ -150,7 +150,7 @@ class BrokerLink:
         self.generation += 1
         self.failures = 0
         self.last_error = None
-        logger.info("beetle: broker %s is up", self.name)
+        logger.info("beetle: broker %s is up (generation %d)", self.name, self.generation)
 
     def adopt_pending(self) -> bool:
         with self._lock:

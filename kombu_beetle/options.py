@@ -149,9 +149,10 @@ def parse_url(url: str, default_port: int = DEFAULT_PORT) -> ParsedURL:
     if path in ("", "/"):
         vhost = "/"
     else:
-        vhost = unquote(path[1:])
-        if "/" in vhost and vhost != "/":
-            raise InvalidBrokerURL(url, f"the vhost {vhost!r} contains '/' (write it as %2F)")
+        raw_vhost = path[1:]
+        if "/" in raw_vhost and raw_vhost != "/":
+            raise InvalidBrokerURL(url, f"the vhost {raw_vhost!r} contains '/' (write it as %2F)")
+        vhost = unquote(raw_vhost)
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
     return ParsedURL(brokers, userid, password, vhost, query)
 

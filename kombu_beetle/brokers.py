@@ -150,7 +150,8 @@ class BrokerLink:
         self.generation += 1
         self.failures = 0
         self.last_error = None
-        logger.info("beetle: broker %s is up (generation %d)", self.name, self.generation)
+        log = logger.info if self.generation > 1 else logger.debug
+        log("beetle: broker %s is up (connection #%d)", self.name, self.generation)
 
     def adopt_pending(self) -> bool:
         with self._lock:

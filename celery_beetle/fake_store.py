@@ -1,0 +1,110 @@
+"""An in-memory dedup store for unit tests: the pure rules of :mod:`celery_beetle.outcome`
+over a dict, with the interface of :class:`~celery_beetle.store.RedisStore`.
+
+It exists so that tests of the bootstep and of BeetleTask need no Redis. It is not for
+production: it is neither shared between processes nor persistent. The contract suite in
+``tests/dedup`` runs the same scenarios against it and against Redis, which is what makes it
+a faithful stand-in. TTLs are kept, on the store's clock, so that expiry is testable too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from celery_beetle.outcome import (
+    ClaimDecision,
+    FailureDecision,
+    FenceDecision,
+    Limits,
+    decide_claim,
+    decide_complete,
+    decide_extend,
+    decide_failure,
+    decide_release,
+    key_ttl_ms,
+)
+from celery_beetle.state import MAX_OWNER_LENGTH, MessageFacts, State
+from celery_beetle.store import DEFAULT_KEY_PREFIX, DEFAULT_TTL_MARGIN_MS, Store, wall_clock_ms
+
+__all__ = ["FakeStore"]
+
+D = TypeVar("D")
+
+
+class FakeStore(Store):
+    """Records in a dict, each with the clock time at which it expires.
+
+    ``round_trips`` counts as Redis would: one per call.
+    """
+
+    def __init__(
+        self,
+        *,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+        ttl_margin_ms: int = DEFAULT_TTL_MARGIN_MS,
+        clock: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        super().__init__(key_prefix=key_prefix, ttl_margin_ms=ttl_margin_ms, clock=clock)
+        self.records: dict[str, tuple[State, int]] = {}
+
+    def __repr__(self) -> str:
+        return f"<FakeStore {len(self.records)} records prefix={self.key_prefix!r}>"
+
+    def peek(self, queue: str, message_id: str) -> State | None:
+        self.round_trips += 1
+        return self._get(self.key(queue, message_id), self.clock())
+
+    def claim(self, facts: MessageFacts, limits: Limits, owner: str) -> ClaimDecision:
+        owner = owner[:MAX_OWNER_LENGTH]
+        return self._apply(facts, lambda state, now: decide_claim(state, facts, limits, owner, now))
+
+    def complete(self, facts: MessageFacts, token: int) -> FenceDecision:
+        return self._apply(facts, lambda state, now: decide_complete(state, token))
+
+    def fail(
+        self, facts: MessageFacts, token: int, limits: Limits, retryable: bool
+    ) -> FailureDecision:
+        return self._apply(
+            facts, lambda state, now: decide_failure(state, token, limits, retryable, now)
+        )
+
+    def extend(self, facts: MessageFacts, token: int, lease_timeout_ms: int) -> FenceDecision:
+        return self._apply(
+            facts, lambda state, now: decide_extend(state, token, lease_timeout_ms, now)
+        )
+
+    def release(self, facts: MessageFacts, token: int) -> FenceDecision:
+        return self._apply(facts, lambda state, now: decide_release(state, token))
+
+    def forget(self, queue: str, message_id: str) -> bool:
+        self.round_trips += 1
+        key = self.key(queue, message_id)
+        existed = self._get(key, self.clock()) is not None
+        self.records.pop(key, None)
+        return existed
+
+    def ttl_ms(self, queue: str, message_id: str) -> int | None:
+        self.round_trips += 1
+        key, now = self.key(queue, message_id), self.clock()
+        if self._get(key, now) is None:
+            return None
+        return self.records[key][1] - now
+
+    def _apply(
+        self, facts: MessageFacts, rule: Callable[[State | None, int], tuple[D, State | None]]
+    ) -> D:
+        """One "script": read, decide by the pure rule, write what it says, as Lua does."""
+        self.round_trips += 1
+        key, now = self.key(facts.queue, facts.message_id), self.clock()
+        decision, state = rule(self._get(key, now), now)
+        if state is not None:
+            self.records[key] = (state, now + key_ttl_ms(state, now, self.ttl_margin_ms))
+        return decision
+
+    def _get(self, key: str, now: int) -> State | None:
+        record = self.records.get(key)
+        if record is None or record[1] <= now:
+            self.records.pop(key, None)
+            return None
+        return record[0]

@@ -1,0 +1,336 @@
+"""The deduplication rules, as pure functions from (stored state, message, limits, now).
+
+Every decision the worker takes about a delivery is made here, named by an enum and returned
+as data, with no Redis and no clock of its own: the caller passes ``now_ms``. Each ``decide_*``
+function returns ``(decision, state_to_write)``; ``state_to_write`` is None when nothing changes.
+:class:`~celery_beetle.fake_store.FakeStore` is these functions over a dict, and the Lua
+scripts in ``scripts/`` apply the same rules atomically in Redis; the contract tests in
+``tests/dedup`` run one suite against both, so the two cannot drift apart.
+
+The steps of one delivery (see ``design.md``, "Deduplication"):
+
+``decide_gate``
+    In the worker's main process, from one read: run it, drop a duplicate, defer a copy
+    whose twin runs (or waits for its retry), or drop an expired message.
+``decide_claim``
+    In the pool, before the body runs: the lease and a new fencing token, or why not.
+``decide_complete`` / ``decide_failure``
+    After the body: only the holder of the current token may record the result. A failure
+    is retried after an exponential backoff until a limit is reached, as in beetle:
+    ``attempts`` bounds how often the body starts (crashes included), ``exceptions`` how
+    many exceptions are tolerated, ``retry_on`` which ones.
+``decide_extend`` / ``decide_release``
+    The owner lengthens its lease, or hands the message back unrun.
+
+Expiry is checked first everywhere: it is a fact of the message, so the gate can drop an
+expired copy without reading Redis at all.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+from typing import TypeGuard
+
+from celery_beetle.backoff import backoff_ms
+from celery_beetle.state import MessageFacts, State, Status
+
+__all__ = [
+    "Claim",
+    "ClaimDecision",
+    "Failure",
+    "FailureDecision",
+    "Fence",
+    "FenceDecision",
+    "Gate",
+    "GateDecision",
+    "GiveUpReason",
+    "Limits",
+    "decide_claim",
+    "decide_complete",
+    "decide_extend",
+    "decide_failure",
+    "decide_gate",
+    "decide_release",
+    "key_ttl_ms",
+]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-task limits in milliseconds, as :class:`~celery_beetle.settings.BeetleSettings`
+    derives them; the settings validate, this only carries them into scripts and rules."""
+
+    lease_timeout_ms: int = 300_000
+    attempts: int = 1
+    exceptions: int = 0
+    delay_ms: int = 10_000
+    max_delay_ms: int = 600_000
+
+
+class Gate(enum.Enum):
+    """What the main process does with a delivery before it reaches the pool."""
+
+    RUN = "run"
+    DROP_DUPLICATE = "drop_duplicate"
+    DEFER = "defer"
+    DROP_EXPIRED = "drop_expired"
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """``delay_ms``: for DEFER, how long until the other run's lease ends or the retry is due.
+
+    ``status``: the stored status, None when Redis holds nothing (or was not asked).
+    """
+
+    outcome: Gate
+    delay_ms: int = 0
+    status: Status | None = None
+
+
+class Claim(enum.Enum):
+    """Whether the pool may run the body now."""
+
+    ACQUIRED = "acquired"
+    ALREADY_DONE = "already_done"
+    LOCKED = "locked"
+    DELAYED = "delayed"
+    ATTEMPTS_EXHAUSTED = "attempts_exhausted"
+    EXPIRED = "expired"
+
+
+@dataclass(frozen=True)
+class ClaimDecision:
+    """The claim's result; fields not meaningful for an outcome stay 0, "" or None.
+
+    - ACQUIRED: ``token`` to present to complete/fail/extend, ``attempt`` (1 for the first
+      run), ``lease_deadline_ms`` by which the body must be done.
+    - ALREADY_DONE: ``status`` completed or failed.
+    - LOCKED: ``owner`` and ``lease_deadline_ms`` of the live lease, ``delay_ms`` until it ends.
+    - DELAYED: ``delay_ms`` until retry-not-before.
+    - ATTEMPTS_EXHAUSTED: ``attempt`` = the runs made; the record is now failed, so the
+      caller dead-letters the message.
+    """
+
+    outcome: Claim
+    token: int = 0
+    attempt: int = 0
+    lease_deadline_ms: int = 0
+    delay_ms: int = 0
+    status: Status | None = None
+    owner: str = ""
+
+    @property
+    def acquired(self) -> bool:
+        return self.outcome is Claim.ACQUIRED
+
+
+class Failure(enum.Enum):
+    """What happens to a message whose body raised."""
+
+    RETRY = "retry"
+    GIVE_UP = "give_up"
+    NOT_OWNER = "not_owner"
+
+
+class GiveUpReason(str, enum.Enum):
+    """Why a failed message goes to the dead-letter queue; the value goes into its headers."""
+
+    ATTEMPTS_LIMIT = "attempts_limit"
+    EXCEPTIONS_LIMIT = "exceptions_limit"
+    NOT_RETRYABLE = "not_retryable"
+
+
+@dataclass(frozen=True)
+class FailureDecision:
+    """RETRY: ``delay_ms`` and ``retry_not_before_ms``; GIVE_UP: ``reason``.
+
+    ``attempts`` and ``exceptions`` are the counts after this failure (0 for NOT_OWNER).
+    """
+
+    outcome: Failure
+    delay_ms: int = 0
+    retry_not_before_ms: int = 0
+    reason: GiveUpReason | None = None
+    attempts: int = 0
+    exceptions: int = 0
+
+
+class Fence(enum.Enum):
+    """Whether an owner's write (complete, extend, release) was accepted."""
+
+    OK = "ok"
+    NOT_OWNER = "not_owner"
+
+
+@dataclass(frozen=True)
+class FenceDecision:
+    """OK, or NOT_OWNER with the stored ``status`` and ``token`` (None/0 if nothing is stored).
+
+    ``lease_deadline_ms``: for an accepted extend, the new deadline.
+    """
+
+    outcome: Fence
+    lease_deadline_ms: int = 0
+    status: Status | None = None
+    token: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is Fence.OK
+
+
+def decide_gate(state: State | None, facts: MessageFacts, now_ms: int) -> GateDecision:
+    """The main process's verdict from one read; it never writes."""
+    if facts.expires_at_ms <= now_ms:
+        return GateDecision(Gate.DROP_EXPIRED, status=state.status if state else None)
+    if state is None:
+        return GateDecision(Gate.RUN)
+    if state.status.is_final:
+        return GateDecision(Gate.DROP_DUPLICATE, status=state.status)
+    if state.status is Status.RUNNING and state.lease_deadline_ms > now_ms:
+        return GateDecision(Gate.DEFER, state.lease_deadline_ms - now_ms, state.status)
+    if state.status is Status.PENDING and state.retry_not_before_ms > now_ms:
+        return GateDecision(Gate.DEFER, state.retry_not_before_ms - now_ms, state.status)
+    # A lease that ran out (its worker died) or a retry that is due: the claim decides.
+    return GateDecision(Gate.RUN, status=state.status)
+
+
+def decide_claim(
+    state: State | None, facts: MessageFacts, limits: Limits, owner: str, now_ms: int
+) -> tuple[ClaimDecision, State | None]:
+    """Grant the lease, or say why not. A lease that ran out counts as a failed attempt."""
+    if facts.expires_at_ms <= now_ms:
+        return ClaimDecision(Claim.EXPIRED), None
+    if state is None:
+        state = State(Status.PENDING, expires_at_ms=facts.expires_at_ms)
+    elif state.status.is_final:
+        return ClaimDecision(Claim.ALREADY_DONE, status=state.status), None
+    elif state.status is Status.RUNNING and state.lease_deadline_ms > now_ms:
+        remaining = state.lease_deadline_ms - now_ms
+        return ClaimDecision(
+            Claim.LOCKED,
+            lease_deadline_ms=state.lease_deadline_ms,
+            delay_ms=remaining,
+            owner=state.owner,
+        ), None
+    elif state.status is Status.PENDING and state.retry_not_before_ms > now_ms:
+        return ClaimDecision(Claim.DELAYED, delay_ms=state.retry_not_before_ms - now_ms), None
+    elif state.attempts >= limits.attempts:
+        failed = _settled(state, Status.FAILED)
+        return ClaimDecision(Claim.ATTEMPTS_EXHAUSTED, attempt=state.attempts), failed
+    deadline = now_ms + limits.lease_timeout_ms
+    running = replace(
+        state,
+        status=Status.RUNNING,
+        attempts=state.attempts + 1,
+        lease_deadline_ms=deadline,
+        retry_not_before_ms=0,
+        owner=owner,
+        token=state.token + 1,
+        expires_at_ms=facts.expires_at_ms,
+    )
+    decision = ClaimDecision(
+        Claim.ACQUIRED, token=running.token, attempt=running.attempts, lease_deadline_ms=deadline
+    )
+    return decision, running
+
+
+def decide_complete(state: State | None, token: int) -> tuple[FenceDecision, State | None]:
+    """Record success, only for the current owner.
+
+    A lease that ran out still completes if nobody has claimed since: the body ran once,
+    and the token proves no other run started. Completing again with the same token is
+    accepted and changes nothing, so a completion whose reply was lost can be retried.
+    """
+    if state is not None and state.status is Status.COMPLETED and state.token == token:
+        return FenceDecision(Fence.OK), None
+    if not _owns(state, token):
+        return _not_owner(state), None
+    return FenceDecision(Fence.OK), _settled(state, Status.COMPLETED)
+
+
+def decide_failure(
+    state: State | None, token: int, limits: Limits, retryable: bool, now_ms: int
+) -> tuple[FailureDecision, State | None]:
+    """Count the exception; retry after a backoff within the limits, else give up.
+
+    ``retryable`` says whether the exception is one of the task's ``retry_on`` (the caller
+    matches classes; Lua cannot). Of several reasons to give up, the first in this order is
+    reported: not retryable, attempts limit, exceptions limit.
+    """
+    if not _owns(state, token):
+        return FailureDecision(Failure.NOT_OWNER), None
+    exceptions = state.exceptions + 1
+    reason = None
+    if not retryable:
+        reason = GiveUpReason.NOT_RETRYABLE
+    elif state.attempts >= limits.attempts:
+        reason = GiveUpReason.ATTEMPTS_LIMIT
+    elif exceptions > limits.exceptions:
+        reason = GiveUpReason.EXCEPTIONS_LIMIT
+    if reason is not None:
+        failed = replace(_settled(state, Status.FAILED), exceptions=exceptions)
+        decision = FailureDecision(
+            Failure.GIVE_UP, reason=reason, attempts=state.attempts, exceptions=exceptions
+        )
+        return decision, failed
+    delay = backoff_ms(exceptions, limits.delay_ms, limits.max_delay_ms)
+    pending = replace(
+        _settled(state, Status.PENDING),
+        exceptions=exceptions,
+        retry_not_before_ms=now_ms + delay,
+    )
+    decision = FailureDecision(
+        Failure.RETRY,
+        delay_ms=delay,
+        retry_not_before_ms=now_ms + delay,
+        attempts=state.attempts,
+        exceptions=exceptions,
+    )
+    return decision, pending
+
+
+def decide_extend(
+    state: State | None, token: int, lease_timeout_ms: int, now_ms: int
+) -> tuple[FenceDecision, State | None]:
+    """Move the owner's lease deadline to ``now + lease_timeout_ms``."""
+    if not _owns(state, token):
+        return _not_owner(state), None
+    deadline = now_ms + lease_timeout_ms
+    return FenceDecision(Fence.OK, lease_deadline_ms=deadline), replace(
+        state, lease_deadline_ms=deadline
+    )
+
+
+def decide_release(state: State | None, token: int) -> tuple[FenceDecision, State | None]:
+    """Hand the message back before its body started: the attempt does not count."""
+    if not _owns(state, token):
+        return _not_owner(state), None
+    pending = replace(_settled(state, Status.PENDING), attempts=max(state.attempts - 1, 0))
+    return FenceDecision(Fence.OK), pending
+
+
+def key_ttl_ms(state: State, now_ms: int, margin_ms: int) -> int:
+    """How long Redis keeps a record after a write: past the message's expiry, its lease
+    and its retry time, plus a margin for clock skew between workers. No GC daemon needed."""
+    horizon = max(state.expires_at_ms, state.lease_deadline_ms, state.retry_not_before_ms)
+    return max(horizon - now_ms, 0) + margin_ms
+
+
+def _owns(state: State | None, token: int) -> TypeGuard[State]:
+    """The fencing check shared by every owner's write: the record must be running under
+    exactly this token, so a worker whose lease was taken over cannot write."""
+    return state is not None and state.status is Status.RUNNING and state.token == token
+
+
+def _not_owner(state: State | None) -> FenceDecision:
+    if state is None:
+        return FenceDecision(Fence.NOT_OWNER)
+    return FenceDecision(Fence.NOT_OWNER, status=state.status, token=state.token)
+
+
+def _settled(state: State, status: Status) -> State:
+    """The record without a lease: what the owner-only fields look like off the clock."""
+    return replace(state, status=status, lease_deadline_ms=0, retry_not_before_ms=0, owner="")

@@ -1,0 +1,26 @@
+-- release.lua: the owner hands the message back before its body started.
+-- The same rules as celery_beetle.outcome.decide_release, in one atomic step: the record
+-- becomes pending, due at once, and the attempt the claim counted is taken back.
+--
+-- KEYS[1]  the message's record, beetle:{<queue>:<message_id>}
+-- ARGV[1]  token              the fencing token the claim returned
+-- ARGV[2]  now_ms
+-- ARGV[3]  ttl_margin_ms
+--
+-- Returns {'ok'}, or {'not_owner', status, token} as complete.lua does.
+
+local key = KEYS[1]
+local token = tonumber(ARGV[1])
+local now = tonumber(ARGV[2])
+local margin = tonumber(ARGV[3])
+
+local fields = redis.call('HMGET', key, 's', 'a', 't', 'x')
+local stored_token = tonumber(fields[3]) or 0
+if fields[1] ~= 'r' or stored_token ~= token then
+  return {'not_owner', fields[1] or '', stored_token}
+end
+
+redis.call('HSET', key, 's', 'p', 'a', math.max((tonumber(fields[2]) or 0) - 1, 0))
+redis.call('HDEL', key, 'l', 'n', 'o')
+redis.call('PEXPIRE', key, math.max((tonumber(fields[4]) or 0) - now, 0) + margin)
+return {'ok'}

@@ -1,0 +1,367 @@
+"""Worker-side settings: the dedup store's URL and the retry limits, app-wide and per task.
+
+Read from the Celery app's configuration (``app.conf``):
+
+==============================  =====================================================
+``beetle_redis_url``            the dedup store (required): ``redis://``, ``rediss://``,
+                                ``redis+sentinel://`` or ``redis+cluster://``; the
+                                forms are below
+``beetle_trace_dir``            where trace events go (unset: no tracing)
+``beetle_default_timeout``      lease per run, seconds (300)
+``beetle_default_attempts``     most runs of a message, crashes included (1)
+``beetle_default_exceptions``   exceptions tolerated; at most attempts - 1 (0)
+``beetle_default_delay``        wait before the first retry, seconds; doubles (10)
+``beetle_default_max_delay``    cap on that wait, seconds (600)
+``beetle_default_retry_on``     exception classes (or dotted names) worth a retry
+                                (all ``Exception``)
+``beetle_message_ttl``          expiry of a message without ``x-beetle-expires-at``,
+                                seconds (86400)
+``beetle_key_ttl_margin``       how long a record outlives its message, seconds (3600)
+``beetle_key_prefix``           prefix of the Redis keys (``beetle:``)
+==============================  =====================================================
+
+The dedup store's URL (``beetle_redis_url``) takes one of these forms::
+
+    redis://[[user]:password@]host[:port][/db]
+    rediss://[[user]:password@]host[:port][/db]              TLS
+    unix://[[user]:password@]/path/to/redis.sock[?db=N]
+    redis+sentinel://[[user]:password@]host:port[,host:port...]/service_name[/db]
+    redis+cluster://[[user]:password@]host:port[,host:port...]
+
+``rediss+sentinel://`` and ``rediss+cluster://`` use TLS. The password is the data node's;
+Sentinels that need their own take ``?sentinel_password=...``. Sentinel and Cluster URLs
+also take ``?socket_timeout=`` and ``?socket_connect_timeout=`` (seconds).
+
+A task overrides the limits with its own ``timeout``, ``attempts``, ``exceptions``, ``delay``,
+``max_delay`` and ``retry_on`` (:meth:`BeetleSettings.for_task`). The limits follow beetle:
+a message runs at most ``attempts`` times, and gives up at the ``exceptions + 1``-th exception,
+so ``exceptions`` above ``attempts - 1`` could never take effect and is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, unquote
+
+from celery_beetle.outcome import Limits
+
+__all__ = [
+    "EXPECTED_URL_FORMS",
+    "BeetleSettings",
+    "StoreAddress",
+    "mask_url",
+    "parse_store_url",
+]
+
+#: Task option name -> settings field. The same names prefixed ``beetle_default_`` are the
+#: app-wide defaults.
+TASK_OPTIONS: Mapping[str, str] = {
+    "timeout": "lease_timeout_s",
+    "attempts": "attempts",
+    "exceptions": "exceptions",
+    "delay": "delay_s",
+    "max_delay": "max_delay_s",
+    "retry_on": "retry_on",
+}
+
+_APP_OPTIONS: Mapping[str, str] = {
+    "beetle_redis_url": "redis_url",
+    "beetle_trace_dir": "trace_dir",
+    "beetle_message_ttl": "message_ttl_s",
+    "beetle_key_ttl_margin": "key_ttl_margin_s",
+    "beetle_key_prefix": "key_prefix",
+    **{f"beetle_default_{name}": attr for name, attr in TASK_OPTIONS.items()},
+}
+
+RetryOn = tuple[type[BaseException] | str, ...]
+
+
+@dataclass(frozen=True, repr=False)
+class BeetleSettings:
+    """Validated settings; build with :meth:`from_app`, narrow per task with :meth:`for_task`.
+
+    ``retry_on`` accepts classes and dotted names (``"requests.ConnectionError"``): names are
+    imported here, so a typo fails at worker start, not at the first exception.
+    """
+
+    redis_url: str
+    lease_timeout_s: float = 300.0
+    attempts: int = 1
+    exceptions: int = 0
+    delay_s: float = 10.0
+    max_delay_s: float = 600.0
+    retry_on: RetryOn = (Exception,)
+    message_ttl_s: float = 86_400.0
+    key_ttl_margin_s: float = 3_600.0
+    key_prefix: str = "beetle:"
+    trace_dir: str | None = None
+    retry_on_classes: tuple[type[BaseException], ...] = field(init=False, compare=False, default=())
+
+    def __post_init__(self) -> None:
+        if not self.redis_url:
+            raise ValueError(
+                "no Redis URL for the dedup store: set app.conf.beetle_redis_url, "
+                "e.g. 'redis://localhost:6379/0'"
+            )
+        parse_store_url(self.redis_url)
+        for name in (
+            "lease_timeout_s",
+            "delay_s",
+            "max_delay_s",
+            "message_ttl_s",
+            "key_ttl_margin_s",
+        ):
+            value = getattr(self, name)
+            _require(
+                isinstance(value, (int, float)) and not isinstance(value, bool),
+                f"{name} must be a number of seconds, got {value!r}",
+            )
+        for name in ("lease_timeout_s", "message_ttl_s", "key_ttl_margin_s"):
+            value = getattr(self, name)
+            _require(value > 0, f"{name} must be a positive number of seconds, got {value!r}")
+        _require(
+            _is_int(self.attempts) and self.attempts >= 1,
+            f"attempts must be an integer of at least 1 (the first run counts), "
+            f"got {self.attempts!r}",
+        )
+        _require(
+            _is_int(self.exceptions) and self.exceptions >= 0,
+            f"exceptions must be an integer of at least 0, got {self.exceptions!r}",
+        )
+        _require(
+            self.exceptions <= self.attempts - 1,
+            f"exceptions={self.exceptions} cannot take effect with attempts={self.attempts}: "
+            f"every tolerated exception needs another attempt, so set attempts to at least "
+            f"{self.exceptions + 1} or exceptions to at most {self.attempts - 1}",
+        )
+        _require(self.delay_s >= 0, f"delay_s must be 0 or more seconds, got {self.delay_s!r}")
+        _require(
+            self.max_delay_s >= self.delay_s,
+            f"max_delay_s ({self.max_delay_s!r}) is less than delay_s ({self.delay_s!r}): "
+            f"raise max_delay_s or lower delay_s",
+        )
+        _require(
+            "{" not in self.key_prefix and "}" not in self.key_prefix,
+            f"key_prefix {self.key_prefix!r} must not contain braces: they mark the "
+            f"Redis Cluster hash tag of each key",
+        )
+        retry_on = _as_tuple(self.retry_on)
+        object.__setattr__(self, "retry_on", retry_on)
+        object.__setattr__(self, "retry_on_classes", tuple(_resolve(c) for c in retry_on))
+
+    def __repr__(self) -> str:
+        shown = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name != "retry_on_classes"
+        }
+        shown["redis_url"] = mask_url(self.redis_url)
+        return f"BeetleSettings({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
+    @classmethod
+    def from_app(cls, app: Any) -> BeetleSettings:
+        """Settings from ``app.conf`` (names in the module docstring); unset ones keep defaults."""
+        conf = app.conf
+        values = {attr: conf.get(name) for name, attr in _APP_OPTIONS.items()}
+        values["redis_url"] = values["redis_url"] or ""
+        return cls(**{attr: value for attr, value in values.items() if value is not None})
+
+    @property
+    def limits(self) -> Limits:
+        """The limits in the milliseconds the store and its scripts take."""
+        return Limits(
+            lease_timeout_ms=round(self.lease_timeout_s * 1000),
+            attempts=self.attempts,
+            exceptions=self.exceptions,
+            delay_ms=round(self.delay_s * 1000),
+            max_delay_ms=round(self.max_delay_s * 1000),
+        )
+
+    @property
+    def message_ttl_ms(self) -> int:
+        return round(self.message_ttl_s * 1000)
+
+    @property
+    def key_ttl_margin_ms(self) -> int:
+        return round(self.key_ttl_margin_s * 1000)
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is one of ``retry_on``: the ``retryable`` flag of a failure."""
+        return isinstance(exc, self.retry_on_classes)
+
+    def with_options(self, **options: Any) -> BeetleSettings:
+        """These settings with task options (``timeout``, ``attempts``, ``exceptions``,
+        ``delay``, ``max_delay``, ``retry_on``) over them; None keeps the default."""
+        unknown = set(options) - set(TASK_OPTIONS)
+        if unknown:
+            raise TypeError(
+                f"unknown beetle task option(s) {', '.join(sorted(unknown))}; "
+                f"known: {', '.join(TASK_OPTIONS)}"
+            )
+        changes = {TASK_OPTIONS[k]: v for k, v in options.items() if v is not None}
+        return dataclasses.replace(self, **changes) if changes else self
+
+    def for_task(self, task: Any) -> BeetleSettings:
+        """These settings with the task's own options over them.
+
+        An option is the task attribute of the same name; None means "the default". A
+        callable is skipped, because ``delay`` is also Celery's ``Task.delay()``.
+        """
+        options = {}
+        for name in TASK_OPTIONS:
+            value = getattr(task, name, None)
+            if value is not None and not (callable(value) and name != "retry_on"):
+                options[name] = value
+        try:
+            return self.with_options(**options)
+        except ValueError as exc:
+            raise ValueError(f"task {getattr(task, 'name', task)!r}: {exc}") from None
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _as_tuple(retry_on: Any) -> RetryOn:
+    if isinstance(retry_on, (str, type)):
+        return (retry_on,)
+    return tuple(retry_on)
+
+
+def _resolve(spec: type[BaseException] | str) -> type[BaseException]:
+    """A class from ``retry_on``: as given, or imported from its dotted name."""
+    cls: Any = spec
+    if isinstance(spec, str):
+        module_name, _, name = spec.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module_name or "builtins"), name)
+        except (ImportError, AttributeError, ValueError):
+            raise ValueError(
+                f"retry_on names {spec!r}, which cannot be imported: give the class or its "
+                f"full dotted name, e.g. 'requests.exceptions.ConnectionError'"
+            ) from None
+    if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+        raise ValueError(f"retry_on must hold exception classes, got {spec!r}")
+    return cls
+
+
+# The store URL: checked here, so that a typo fails at start; the store connects to it.
+
+EXPECTED_URL_FORMS = (
+    "redis://[[user]:password@]host[:port][/db], "
+    "rediss://[[user]:password@]host[:port][/db], "
+    "unix://[[user]:password@]/path/to/redis.sock[?db=N], "
+    "redis+sentinel://[[user]:password@]host:port[,host:port...]/service_name[/db], "
+    "redis+cluster://[[user]:password@]host:port[,host:port...]"
+)
+
+_SCHEMES = {
+    "redis": ("redis", False),
+    "rediss": ("redis", True),
+    "unix": ("redis", False),
+    "redis+sentinel": ("sentinel", False),
+    "rediss+sentinel": ("sentinel", True),
+    "redis+cluster": ("cluster", False),
+    "rediss+cluster": ("cluster", True),
+}
+_MULTI_HOST_OPTIONS = {"socket_timeout", "socket_connect_timeout", "sentinel_password"}
+_DEFAULT_PORTS = {"redis": 6379, "sentinel": 26379, "cluster": 6379}
+
+
+def mask_url(url: str) -> str:
+    """The URL with its password replaced by ``***``, for logs and reprs."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    userinfo, at, hosts = rest.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{hosts}"
+
+
+@dataclass(frozen=True)
+class StoreAddress:
+    """A parsed store URL: which client to build, and where to."""
+
+    kind: str  # "redis", "sentinel" or "cluster"
+    url: str
+    tls: bool
+    hosts: tuple[tuple[str, int], ...] = ()
+    username: str | None = None
+    password: str | None = None
+    db: int = 0
+    service_name: str | None = None
+    options: dict[str, str] = field(default_factory=dict)
+
+
+def parse_store_url(url: str) -> StoreAddress:
+    """Check a store URL and split it up; a ValueError says what is wrong and what is expected."""
+
+    def bad(why: str) -> ValueError:
+        return ValueError(f"bad Redis URL {mask_url(url)!r}: {why}; expected {EXPECTED_URL_FORMS}")
+
+    if not url:
+        raise bad("it is empty")
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in _SCHEMES:
+        raise bad(f"unknown scheme {scheme!r}" if sep else "no scheme")
+    kind, tls = _SCHEMES[scheme.lower()]
+    if scheme.lower() == "unix":
+        return StoreAddress(kind, url, tls)
+    rest, _, query = rest.partition("?")
+    location, _, path = rest.partition("/")
+    userinfo, _, hostlist = location.rpartition("@")
+    username, password = _userinfo(userinfo)
+    if not hostlist:
+        raise bad("no host")
+    hosts = tuple(_host_port(h, _DEFAULT_PORTS[kind], bad) for h in hostlist.split(","))
+    parts = [p for p in path.split("/") if p]
+    options = dict(parse_qsl(query))
+    if kind == "redis":
+        if len(hosts) > 1:
+            raise bad("several hosts need redis+sentinel:// or redis+cluster://")
+        if len(parts) > 1 or (parts and not parts[0].isdigit()):
+            raise bad(f"the path {path!r} is not a database number")
+        db = int(parts[0]) if parts else 0
+        return StoreAddress(kind, url, tls, hosts, username, password, db)
+    unknown = set(options) - _MULTI_HOST_OPTIONS
+    if unknown:
+        raise bad(f"unknown option(s) {', '.join(sorted(unknown))}")
+    if kind == "cluster":
+        if parts:
+            raise bad("a cluster has no database or service name in the path")
+        return StoreAddress(kind, url, tls, hosts, username, password, options=options)
+    if not parts or len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
+        raise bad("a sentinel URL needs /service_name[/db] after the hosts")
+    db = int(parts[1]) if len(parts) == 2 else 0
+    return StoreAddress(kind, url, tls, hosts, username, password, db, unquote(parts[0]), options)
+
+
+def _userinfo(userinfo: str) -> tuple[str | None, str | None]:
+    if not userinfo:
+        return None, None
+    user, sep, password = userinfo.partition(":")
+    return (unquote(user) or None), (unquote(password) if sep else None)
+
+
+def _host_port(text: str, default_port: int, bad: Callable[[str], ValueError]) -> tuple[str, int]:
+    if text.startswith("["):  # [IPv6]:port
+        host, _, port = text[1:].partition("]")
+        port = port.removeprefix(":")
+    else:
+        host, _, port = text.partition(":")
+    if not host:
+        raise bad(f"empty host in {text!r}")
+    if port and not port.isdigit():
+        raise bad(f"port {port!r} of {host!r} is not a number")
+    return host, int(port) if port else default_port

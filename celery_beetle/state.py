@@ -1,0 +1,104 @@
+"""The dedup record of one message, and the facts a delivery brings with it.
+
+One record per ``(queue, message_id)``, held by the store (one Redis hash; a dict in the
+fake). It lives apart from :mod:`celery_beetle.outcome` so the decision rules read on
+their own and the store modules share one description of the fields.
+
+Redis field names are one letter, because Redis keeps a small hash as a listpack whose size
+is the sum of its field names and values: short names keep an in-flight message under
+300 bytes (see ``benchmarks/bench_store.py``).
+
+======  ==========================  =============================================
+field   attribute                   meaning
+======  ==========================  =============================================
+``s``   ``status``                  ``p`` pending, ``r`` running, ``c`` completed,
+                                    ``f`` failed
+``a``   ``attempts``                claims granted so far (body starts)
+``e``   ``exceptions``              failures reported so far
+``l``   ``lease_deadline_ms``       while running: the owner's lease ends here
+``n``   ``retry_not_before_ms``     while pending: no claim before this time
+``o``   ``owner``                   who holds (or last held) the lease
+``t``   ``token``                   fencing token, +1 on every claim
+``x``   ``expires_at_ms``           the message's own expiry (``x-beetle-expires-at``)
+======  ==========================  =============================================
+
+Absent fields read as 0 or ``""``: a completed record drops ``l``, ``n`` and ``o``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["FIELDS", "MAX_OWNER_LENGTH", "MessageFacts", "State", "Status"]
+
+#: Field order of a peek (HMGET) and of :meth:`State.from_values`.
+FIELDS: tuple[str, ...] = ("s", "a", "e", "l", "n", "o", "t", "x")
+
+#: Owners longer than this are cut: Redis turns a hash whose value exceeds
+#: ``hash-max-listpack-value`` (64 by default) into a hashtable several times larger.
+MAX_OWNER_LENGTH = 48
+
+
+class Status(str, enum.Enum):
+    """Where a message stands; the value is what Redis stores in field ``s``."""
+
+    PENDING = "p"
+    RUNNING = "r"
+    COMPLETED = "c"
+    FAILED = "f"
+
+    @property
+    def is_final(self) -> bool:
+        """Completed and failed messages never run again: further copies are duplicates."""
+        return self in (Status.COMPLETED, Status.FAILED)
+
+
+@dataclass(frozen=True)
+class MessageFacts:
+    """What a delivery tells about its message; the same on every copy of it.
+
+    ``expires_at_ms`` comes from ``x-beetle-expires-at`` (or the publish time plus the
+    default message TTL when the header is missing).
+    """
+
+    queue: str
+    message_id: str
+    expires_at_ms: int
+
+
+@dataclass(frozen=True)
+class State:
+    """The stored record; see the module docstring for the fields."""
+
+    status: Status
+    attempts: int = 0
+    exceptions: int = 0
+    lease_deadline_ms: int = 0
+    retry_not_before_ms: int = 0
+    owner: str = ""
+    token: int = 0
+    expires_at_ms: int = 0
+
+    @classmethod
+    def from_values(cls, values: Sequence[str | bytes | None]) -> State | None:
+        """Build a record from HMGET values in :data:`FIELDS` order; None if absent."""
+        if not values or values[0] is None:
+            return None
+        text = [v.decode() if isinstance(v, bytes) else v for v in values]
+        s, a, e, lease, n, o, t, x = text
+        return cls(
+            status=Status(s),
+            attempts=_int(a),
+            exceptions=_int(e),
+            lease_deadline_ms=_int(lease),
+            retry_not_before_ms=_int(n),
+            owner=o or "",
+            token=_int(t),
+            expires_at_ms=_int(x),
+        )
+
+
+def _int(value: str | None) -> int:
+    return int(value) if value else 0

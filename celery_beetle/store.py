@@ -1,0 +1,326 @@
+"""The deduplication store: one Redis hash per message, one Lua script per state change.
+
+Each ``(queue, message_id)`` has one record under the hash-tagged key
+``<prefix>{<queue>:<message_id>}`` (prefix ``beetle:`` by default), so Redis Cluster keeps
+all of a message in one slot; its fields are described in :mod:`celery_beetle.state`. Every
+change is one script from ``scripts/`` (one round trip, atomic), the gate's read is one HMGET,
+and every write sets a TTL past the message's expiry: there is no GC daemon.
+
+A redundant pair that runs once costs 4 round trips (gate read, claim, complete, gate read of
+the second copy, which is dropped); beetle needs 8-9. ``round_trips`` counts them for
+``benchmarks/bench_store.py``.
+
+:meth:`RedisStore.from_url` takes the URL forms of :mod:`celery_beetle.settings`: Redis,
+Sentinel or Cluster, with or without TLS.
+
+Time comes from the ``clock`` the store is built with (milliseconds), passed to every script:
+Redis's own clock is never consulted, so tests move time without sleeping.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Callable, Sequence
+from importlib import resources
+from typing import Any
+
+import redis
+from redis.cluster import ClusterNode, RedisCluster
+from redis.sentinel import Sentinel
+
+from celery_beetle.outcome import (
+    Claim,
+    ClaimDecision,
+    Failure,
+    FailureDecision,
+    Fence,
+    FenceDecision,
+    GateDecision,
+    GiveUpReason,
+    Limits,
+    decide_gate,
+)
+from celery_beetle.settings import BeetleSettings, parse_store_url
+from celery_beetle.state import FIELDS, MAX_OWNER_LENGTH, MessageFacts, State, Status
+
+__all__ = [
+    "DEFAULT_KEY_PREFIX",
+    "DEFAULT_TTL_MARGIN_MS",
+    "RedisStore",
+    "Store",
+    "connect",
+    "wall_clock_ms",
+]
+
+DEFAULT_KEY_PREFIX = "beetle:"
+DEFAULT_TTL_MARGIN_MS = 3_600_000
+
+# A hung Redis must not hang the worker: the gate and the pool both wait on it.
+_CLIENT_DEFAULTS: dict[str, Any] = {"socket_timeout": 5.0, "socket_connect_timeout": 5.0}
+
+
+def wall_clock_ms() -> int:
+    """The default clock: Unix time in milliseconds."""
+    return time.time_ns() // 1_000_000
+
+
+def connect(url: str, **client_kwargs: Any) -> Any:
+    """A redis-py client for a store URL: Redis, a Sentinel-managed master, or a Cluster."""
+    address = parse_store_url(url)
+    kwargs = {**_CLIENT_DEFAULTS, "decode_responses": True, **client_kwargs}
+    options = dict(address.options)
+    timeouts = ("socket_timeout", "socket_connect_timeout")
+    for name in timeouts:
+        if name in options:
+            kwargs[name] = float(options.pop(name))
+    if address.kind == "redis":
+        return redis.Redis.from_url(url, **kwargs)
+    kwargs.update(username=address.username, password=address.password)
+    if address.kind == "cluster":
+        nodes = [ClusterNode(host, port) for host, port in address.hosts]
+        return RedisCluster(startup_nodes=nodes, ssl=address.tls, **kwargs)
+    sentinel_kwargs: dict[str, Any] = {name: kwargs[name] for name in timeouts if name in kwargs}
+    sentinel_kwargs["ssl"] = address.tls
+    if "sentinel_password" in options:
+        sentinel_kwargs["password"] = options["sentinel_password"]
+    sentinel = Sentinel(list(address.hosts), sentinel_kwargs=sentinel_kwargs, ssl=address.tls)
+    assert address.service_name is not None
+    return sentinel.master_for(address.service_name, db=address.db, **kwargs)
+
+
+class Store(abc.ABC):
+    """What the worker needs from a dedup store; :class:`RedisStore` and the in-memory
+    :class:`~celery_beetle.fake_store.FakeStore` share it, and one contract suite tests both.
+
+    Times are milliseconds from ``clock``. ``round_trips`` counts calls to the server.
+    """
+
+    def __init__(
+        self,
+        *,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+        ttl_margin_ms: int = DEFAULT_TTL_MARGIN_MS,
+        clock: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        if ttl_margin_ms <= 0:
+            raise ValueError(f"ttl_margin_ms must be positive, got {ttl_margin_ms}")
+        self.key_prefix = key_prefix
+        self.ttl_margin_ms = ttl_margin_ms
+        self.clock = clock
+        self.round_trips = 0
+
+    def key(self, queue: str, message_id: str) -> str:
+        """The record's key; the braces make it one Redis Cluster hash slot."""
+        return f"{self.key_prefix}{{{queue}:{message_id}}}"
+
+    def gate(self, facts: MessageFacts) -> GateDecision:
+        """The main process's verdict on a delivery: one read, none if the message expired."""
+        now = self.clock()
+        if facts.expires_at_ms <= now:
+            return decide_gate(None, facts, now)
+        return decide_gate(self.peek(facts.queue, facts.message_id), facts, now)
+
+    @abc.abstractmethod
+    def peek(self, queue: str, message_id: str) -> State | None:
+        """The stored record, or None: the gate's one read."""
+
+    @abc.abstractmethod
+    def claim(self, facts: MessageFacts, limits: Limits, owner: str) -> ClaimDecision:
+        """Take the lease before the body runs (:func:`~celery_beetle.outcome.decide_claim`)."""
+
+    @abc.abstractmethod
+    def complete(self, facts: MessageFacts, token: int) -> FenceDecision:
+        """Record success under the claim's token (:func:`~.outcome.decide_complete`)."""
+
+    @abc.abstractmethod
+    def fail(
+        self, facts: MessageFacts, token: int, limits: Limits, retryable: bool
+    ) -> FailureDecision:
+        """Record an exception: retry later or give up (:func:`~.outcome.decide_failure`)."""
+
+    @abc.abstractmethod
+    def extend(self, facts: MessageFacts, token: int, lease_timeout_ms: int) -> FenceDecision:
+        """Lengthen the owner's lease (:func:`~.outcome.decide_extend`)."""
+
+    @abc.abstractmethod
+    def release(self, facts: MessageFacts, token: int) -> FenceDecision:
+        """Give the message back unrun (:func:`~.outcome.decide_release`)."""
+
+    @abc.abstractmethod
+    def forget(self, queue: str, message_id: str) -> bool:
+        """Delete a record (e.g. before replaying a dead-lettered message); True if it existed."""
+
+    @abc.abstractmethod
+    def ttl_ms(self, queue: str, message_id: str) -> int | None:
+        """Milliseconds until the record expires; None if there is no record."""
+
+
+class RedisStore(Store):
+    """The store in Redis (standalone, Sentinel or Cluster), one round trip per call.
+
+    Scripts are registered once per store; redis-py sends EVALSHA and loads a script again
+    only if the server lost it (a restart, a failover). Nothing is retried here: when Redis
+    is unreachable, redis-py's ``ConnectionError`` or ``TimeoutError`` reaches the caller,
+    which stops taking messages (gate) or retries the write (a completion may be retried:
+    see :func:`~celery_beetle.outcome.decide_complete`).
+    """
+
+    SCRIPTS = ("claim", "complete", "fail", "extend", "release")
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+        ttl_margin_ms: int = DEFAULT_TTL_MARGIN_MS,
+        clock: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        super().__init__(key_prefix=key_prefix, ttl_margin_ms=ttl_margin_ms, clock=clock)
+        self.client = client
+        self._scripts = {name: client.register_script(script_source(name)) for name in self.SCRIPTS}
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+        ttl_margin_ms: int = DEFAULT_TTL_MARGIN_MS,
+        clock: Callable[[], int] = wall_clock_ms,
+        **client_kwargs: Any,
+    ) -> RedisStore:
+        """A store on a URL of :mod:`celery_beetle.settings`. Redis and Sentinel clients
+        connect on first use; a Cluster client connects at once, to learn its slots."""
+        return cls(
+            connect(url, **client_kwargs),
+            key_prefix=key_prefix,
+            ttl_margin_ms=ttl_margin_ms,
+            clock=clock,
+        )
+
+    @classmethod
+    def from_settings(
+        cls, settings: BeetleSettings, *, clock: Callable[[], int] = wall_clock_ms
+    ) -> RedisStore:
+        """The store that ``app.conf`` describes (see :class:`~.settings.BeetleSettings`)."""
+        return cls.from_url(
+            settings.redis_url,
+            key_prefix=settings.key_prefix,
+            ttl_margin_ms=settings.key_ttl_margin_ms,
+            clock=clock,
+        )
+
+    def __repr__(self) -> str:
+        return f"<RedisStore {self.client!r} prefix={self.key_prefix!r}>"
+
+    def peek(self, queue: str, message_id: str) -> State | None:
+        self.round_trips += 1
+        return State.from_values(self.client.hmget(self.key(queue, message_id), FIELDS))
+
+    def claim(self, facts: MessageFacts, limits: Limits, owner: str) -> ClaimDecision:
+        now = self.clock()
+        reply = self._run(
+            "claim",
+            facts,
+            now,
+            facts.expires_at_ms,
+            limits.lease_timeout_ms,
+            limits.attempts,
+            owner[:MAX_OWNER_LENGTH],
+            self.ttl_margin_ms,
+        )
+        code = reply[0]
+        if code == "acquired":
+            return ClaimDecision(
+                Claim.ACQUIRED, token=reply[1], attempt=reply[2], lease_deadline_ms=reply[3]
+            )
+        if code == "done":
+            return ClaimDecision(Claim.ALREADY_DONE, status=Status(reply[1]))
+        if code == "locked":
+            return ClaimDecision(
+                Claim.LOCKED, lease_deadline_ms=reply[1], delay_ms=reply[1] - now, owner=reply[2]
+            )
+        if code == "delayed":
+            return ClaimDecision(Claim.DELAYED, delay_ms=reply[1] - now)
+        if code == "exhausted":
+            return ClaimDecision(Claim.ATTEMPTS_EXHAUSTED, attempt=reply[1])
+        if code == "expired":
+            return ClaimDecision(Claim.EXPIRED)
+        raise RuntimeError(f"claim.lua answered {reply!r}")
+
+    def complete(self, facts: MessageFacts, token: int) -> FenceDecision:
+        return _fence(self._run("complete", facts, token, self.clock(), self.ttl_margin_ms))
+
+    def fail(
+        self, facts: MessageFacts, token: int, limits: Limits, retryable: bool
+    ) -> FailureDecision:
+        reply = self._run(
+            "fail",
+            facts,
+            token,
+            self.clock(),
+            limits.attempts,
+            limits.exceptions,
+            int(retryable),
+            limits.delay_ms,
+            limits.max_delay_ms,
+            self.ttl_margin_ms,
+        )
+        if reply[0] == "retry":
+            delay, not_before, attempts, exceptions = reply[1:]
+            return FailureDecision(Failure.RETRY, delay, not_before, None, attempts, exceptions)
+        if reply[0] == "give_up":
+            reason, attempts, exceptions = reply[1:]
+            return FailureDecision(
+                Failure.GIVE_UP,
+                reason=GiveUpReason(reason),
+                attempts=attempts,
+                exceptions=exceptions,
+            )
+        return FailureDecision(Failure.NOT_OWNER)
+
+    def extend(self, facts: MessageFacts, token: int, lease_timeout_ms: int) -> FenceDecision:
+        reply = self._run(
+            "extend", facts, token, self.clock(), lease_timeout_ms, self.ttl_margin_ms
+        )
+        return _fence(reply)
+
+    def release(self, facts: MessageFacts, token: int) -> FenceDecision:
+        return _fence(self._run("release", facts, token, self.clock(), self.ttl_margin_ms))
+
+    def forget(self, queue: str, message_id: str) -> bool:
+        self.round_trips += 1
+        return bool(self.client.delete(self.key(queue, message_id)))
+
+    def ttl_ms(self, queue: str, message_id: str) -> int | None:
+        self.round_trips += 1
+        ttl = self.client.pttl(self.key(queue, message_id))
+        return None if ttl == -2 else ttl
+
+    def ping(self) -> bool:
+        """True if Redis answers; the worker pauses consuming while it does not."""
+        self.round_trips += 1
+        return bool(self.client.ping())
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _run(self, name: str, facts: MessageFacts, *args: Any) -> list[Any]:
+        self.round_trips += 1
+        reply = self._scripts[name](keys=[self.key(facts.queue, facts.message_id)], args=args)
+        return [v.decode() if isinstance(v, bytes) else v for v in reply]
+
+
+def _fence(reply: Sequence[Any]) -> FenceDecision:
+    """Read the {'ok'[, deadline]} / {'not_owner', status, token} replies."""
+    if reply[0] == "ok":
+        return FenceDecision(Fence.OK, lease_deadline_ms=reply[1] if len(reply) > 1 else 0)
+    return FenceDecision(
+        Fence.NOT_OWNER, status=Status(reply[1]) if reply[1] else None, token=reply[2]
+    )
+
+
+def script_source(name: str) -> str:
+    """The text of ``scripts/<name>.lua``, shipped as package data."""
+    return (resources.files("celery_beetle") / "scripts" / f"{name}.lua").read_text()

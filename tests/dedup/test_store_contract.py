@@ -1,0 +1,436 @@
+"""One contract for every dedup store: the in-memory fake (the pure rules of
+``celery_beetle.outcome``) and Redis (the Lua scripts) must behave the same.
+
+Each scenario runs once per store through the parametrized ``store`` fixture; the tests
+marked Redis-only check what only a real server has (memory, TTLs on every key, atomicity).
+``test_fake_and_redis_agree_on_random_histories`` drives both with the same random
+operations and compares every answer and every record.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+import uuid
+
+import pytest
+import redis
+
+from celery_beetle.fake_store import FakeStore
+from celery_beetle.outcome import Claim, Failure, Fence, Gate, GiveUpReason, Limits
+from celery_beetle.state import MessageFacts, State, Status
+from celery_beetle.store import RedisStore, Store
+from tests.dedup.conftest import ManualClock
+
+DAY_MS = 86_400_000
+LEASE_MS = 60_000
+LIMITS = Limits(
+    lease_timeout_ms=LEASE_MS, attempts=3, exceptions=2, delay_ms=1_000, max_delay_ms=3_000
+)
+
+
+def message(clock: ManualClock, message_id: str = "m-1", queue: str = "celery") -> MessageFacts:
+    return MessageFacts(queue, message_id, expires_at_ms=clock() + DAY_MS)
+
+
+def redis_only(store: Store) -> RedisStore:
+    if not isinstance(store, RedisStore):
+        pytest.skip("only a real Redis has this property")
+    return store
+
+
+# Claim and lease
+
+
+def test_first_claim_acquires_the_lease(store, clock):
+    msg = message(clock)
+    claim = store.claim(msg, LIMITS, "w1")
+    assert (claim.outcome, claim.token, claim.attempt) == (Claim.ACQUIRED, 1, 1)
+    assert claim.lease_deadline_ms == clock() + LEASE_MS
+    assert store.peek(msg.queue, msg.message_id) == State(
+        Status.RUNNING,
+        attempts=1,
+        lease_deadline_ms=clock() + LEASE_MS,
+        owner="w1",
+        token=1,
+        expires_at_ms=msg.expires_at_ms,
+    )
+
+
+def test_second_claim_while_leased_is_locked(store, clock):
+    msg = message(clock)
+    store.claim(msg, LIMITS, "w1")
+    clock.advance(10_000)
+    claim = store.claim(msg, LIMITS, "w2")
+    assert (claim.outcome, claim.owner, claim.delay_ms) == (Claim.LOCKED, "w1", 50_000)
+    assert store.gate(msg).outcome is Gate.DEFER
+
+
+def test_claim_after_the_lease_expired_is_acquired_with_a_new_token_and_the_next_attempt(
+    store, clock
+):
+    msg = message(clock)
+    store.claim(msg, LIMITS, "w1")
+    clock.advance(LEASE_MS)
+    assert store.gate(msg).outcome is Gate.RUN
+    claim = store.claim(msg, LIMITS, "w2")
+    assert (claim.outcome, claim.token, claim.attempt) == (Claim.ACQUIRED, 2, 2)
+
+
+def test_claim_after_the_last_attempt_crashed_fails_the_message(store, clock):
+    msg = message(clock)
+    limits = Limits(lease_timeout_ms=LEASE_MS, attempts=1)
+    store.claim(msg, limits, "w1")
+    clock.advance(LEASE_MS)
+    claim = store.claim(msg, limits, "w2")
+    assert (claim.outcome, claim.attempt) == (Claim.ATTEMPTS_EXHAUSTED, 1)
+    assert store.gate(msg).outcome is Gate.DROP_DUPLICATE
+    assert store.claim(msg, limits, "w3").status is Status.FAILED
+
+
+def test_an_expired_message_is_dropped_by_the_gate_without_a_read_and_never_claimed(store, clock):
+    msg = MessageFacts("celery", "m-old", expires_at_ms=clock())
+    before = store.round_trips
+    assert store.gate(msg).outcome is Gate.DROP_EXPIRED
+    assert store.round_trips == before
+    assert store.claim(msg, LIMITS, "w1").outcome is Claim.EXPIRED
+    assert store.peek(msg.queue, msg.message_id) is None
+
+
+# Completion and fencing
+
+
+def test_owner_completes_and_every_later_copy_is_a_duplicate(store, clock):
+    msg = message(clock)
+    token = store.claim(msg, LIMITS, "w1").token
+    assert store.complete(msg, token).outcome is Fence.OK
+    gate = store.gate(msg)
+    assert (gate.outcome, gate.status) == (Gate.DROP_DUPLICATE, Status.COMPLETED)
+    claim = store.claim(msg, LIMITS, "w2")
+    assert (claim.outcome, claim.status) == (Claim.ALREADY_DONE, Status.COMPLETED)
+    assert store.peek(msg.queue, msg.message_id) == State(
+        Status.COMPLETED, attempts=1, token=1, expires_at_ms=msg.expires_at_ms
+    )
+
+
+def test_complete_by_a_stale_token_is_refused(store, clock):
+    msg = message(clock)
+    stale = store.claim(msg, LIMITS, "w1").token
+    clock.advance(LEASE_MS)
+    current = store.claim(msg, LIMITS, "w2").token
+    refused = store.complete(msg, stale)
+    assert (refused.outcome, refused.status, refused.token) == (
+        Fence.NOT_OWNER,
+        Status.RUNNING,
+        current,
+    )
+    assert store.fail(msg, stale, LIMITS, retryable=True).outcome is Failure.NOT_OWNER
+    assert store.extend(msg, stale, LEASE_MS).outcome is Fence.NOT_OWNER
+    assert store.release(msg, stale).outcome is Fence.NOT_OWNER
+    assert store.complete(msg, current).outcome is Fence.OK
+
+
+def test_a_completion_retried_after_a_lost_reply_is_accepted_once_more(store, clock):
+    msg = message(clock)
+    token = store.claim(msg, LIMITS, "w1").token
+    assert store.complete(msg, token).outcome is Fence.OK
+    assert store.complete(msg, token).outcome is Fence.OK
+    assert store.complete(msg, token + 1).outcome is Fence.NOT_OWNER
+
+
+def test_completing_an_unknown_message_is_refused(store, clock):
+    refused = store.complete(message(clock), 1)
+    assert (refused.outcome, refused.status, refused.token) == (Fence.NOT_OWNER, None, 0)
+
+
+# Failure, retry and giving up
+
+
+def test_failures_within_limits_back_off_exponentially_up_to_max_delay(store, clock):
+    msg = message(clock)
+    limits = Limits(LEASE_MS, attempts=5, exceptions=4, delay_ms=1_000, max_delay_ms=3_000)
+    delays = []
+    for attempt in range(1, 5):
+        claim = store.claim(msg, limits, "w1")
+        assert (claim.outcome, claim.attempt) == (Claim.ACQUIRED, attempt)
+        failure = store.fail(msg, claim.token, limits, retryable=True)
+        assert failure.outcome is Failure.RETRY
+        assert failure.retry_not_before_ms == clock() + failure.delay_ms
+        delays.append(failure.delay_ms)
+        clock.advance(failure.delay_ms - 1)
+        delayed = store.claim(msg, limits, "w1")
+        assert (delayed.outcome, delayed.delay_ms) == (Claim.DELAYED, 1)
+        assert store.gate(msg).outcome is Gate.DEFER
+        clock.advance(1)
+    assert delays == [1_000, 2_000, 3_000, 3_000]
+
+
+def test_failure_past_the_attempts_limit_gives_up_and_the_message_is_failed(store, clock):
+    msg = message(clock)
+    for _ in range(LIMITS.attempts - 1):
+        claim = store.claim(msg, LIMITS, "w1")
+        failure = store.fail(msg, claim.token, LIMITS, retryable=True)
+        assert failure.outcome is Failure.RETRY
+        clock.advance(failure.delay_ms)
+    last = store.claim(msg, LIMITS, "w1")
+    failure = store.fail(msg, last.token, LIMITS, retryable=True)
+    assert (failure.outcome, failure.reason) == (Failure.GIVE_UP, GiveUpReason.ATTEMPTS_LIMIT)
+    assert (failure.attempts, failure.exceptions) == (3, 3)
+    gate = store.gate(msg)
+    assert (gate.outcome, gate.status) == (Gate.DROP_DUPLICATE, Status.FAILED)
+    assert store.claim(msg, LIMITS, "w2").outcome is Claim.ALREADY_DONE
+
+
+def test_one_exception_past_the_exceptions_limit_gives_up(store, clock):
+    msg = message(clock)
+    limits = Limits(LEASE_MS, attempts=5, exceptions=0, delay_ms=0, max_delay_ms=0)
+    claim = store.claim(msg, limits, "w1")
+    failure = store.fail(msg, claim.token, limits, retryable=True)
+    assert (failure.outcome, failure.reason) == (Failure.GIVE_UP, GiveUpReason.EXCEPTIONS_LIMIT)
+
+
+def test_an_exception_not_in_retry_on_gives_up_at_once(store, clock):
+    msg = message(clock)
+    claim = store.claim(msg, LIMITS, "w1")
+    failure = store.fail(msg, claim.token, LIMITS, retryable=False)
+    assert (failure.outcome, failure.reason) == (Failure.GIVE_UP, GiveUpReason.NOT_RETRYABLE)
+    assert store.peek(msg.queue, msg.message_id).status is Status.FAILED
+
+
+def test_a_retry_without_delay_can_be_claimed_at_once(store, clock):
+    msg = message(clock)
+    limits = Limits(LEASE_MS, attempts=2, exceptions=1, delay_ms=0, max_delay_ms=0)
+    failure = store.fail(msg, store.claim(msg, limits, "w1").token, limits, retryable=True)
+    assert (failure.outcome, failure.delay_ms) == (Failure.RETRY, 0)
+    assert store.claim(msg, limits, "w2").attempt == 2
+
+
+# Extension, release, forget
+
+
+def test_owner_extends_its_lease_so_nobody_takes_over(store, clock):
+    msg = message(clock)
+    token = store.claim(msg, LIMITS, "w1").token
+    clock.advance(50_000)
+    extended = store.extend(msg, token, LEASE_MS)
+    assert (extended.outcome, extended.lease_deadline_ms) == (Fence.OK, clock() + LEASE_MS)
+    clock.advance(30_000)
+    assert store.claim(msg, LIMITS, "w2").outcome is Claim.LOCKED
+
+
+def test_release_hands_the_message_back_without_counting_the_attempt(store, clock):
+    msg = message(clock)
+    token = store.claim(msg, LIMITS, "w1").token
+    assert store.release(msg, token).outcome is Fence.OK
+    assert store.gate(msg).outcome is Gate.RUN
+    claim = store.claim(msg, LIMITS, "w2")
+    assert (claim.token, claim.attempt) == (2, 1)
+
+
+def test_forget_deletes_the_record(store, clock):
+    msg = message(clock)
+    store.claim(msg, LIMITS, "w1")
+    assert store.forget(msg.queue, msg.message_id) is True
+    assert store.peek(msg.queue, msg.message_id) is None
+    assert store.forget(msg.queue, msg.message_id) is False
+
+
+def test_the_same_message_id_on_two_queues_is_two_records(store, clock):
+    store.claim(message(clock, queue="a"), LIMITS, "w1")
+    assert store.claim(message(clock, queue="b"), LIMITS, "w1").outcome is Claim.ACQUIRED
+
+
+def test_a_long_owner_is_cut_to_keep_the_record_small(store, clock):
+    msg = message(clock)
+    store.claim(msg, LIMITS, "x" * 100)
+    assert store.peek(msg.queue, msg.message_id).owner == "x" * 48
+
+
+# Key lifetime and cost
+
+
+def test_every_write_leaves_the_record_with_a_ttl_past_the_message_expiry(store, clock):
+    msg = message(clock)
+    margin = store.ttl_margin_ms
+    limits = Limits(LEASE_MS, attempts=2, exceptions=1, delay_ms=1_000, max_delay_ms=1_000)
+
+    def ttl() -> int:
+        value = store.ttl_ms(msg.queue, msg.message_id)
+        assert value is not None and value > 0
+        return value
+
+    claim = store.claim(msg, limits, "w1")
+    assert msg.expires_at_ms - clock() < ttl() <= msg.expires_at_ms - clock() + margin
+    store.fail(msg, claim.token, limits, retryable=True)
+    assert ttl() <= msg.expires_at_ms - clock() + margin
+    clock.advance(1_000)
+    claim = store.claim(msg, limits, "w1")
+    store.complete(msg, claim.token)
+    assert ttl() <= msg.expires_at_ms - clock() + margin
+
+
+def test_a_lease_longer_than_the_message_life_keeps_the_record_until_the_lease_ends(store, clock):
+    msg = MessageFacts("celery", "m-short", expires_at_ms=clock() + 1_000)
+    store.claim(msg, Limits(lease_timeout_ms=DAY_MS), "w1")
+    assert store.ttl_ms(msg.queue, msg.message_id) > DAY_MS
+
+
+def test_a_redundant_pair_costs_four_round_trips_and_a_duplicate_one(store, clock):
+    msg = message(clock)
+    start = store.round_trips
+    assert store.gate(msg).outcome is Gate.RUN
+    token = store.claim(msg, LIMITS, "w1").token
+    store.complete(msg, token)
+    assert store.gate(msg).outcome is Gate.DROP_DUPLICATE
+    assert store.round_trips - start == 4
+    assert store.gate(msg).outcome is Gate.DROP_DUPLICATE
+    assert store.round_trips - start == 5
+
+
+def test_keys_are_hash_tagged_per_message(store):
+    assert store.key("celery", "m-1") == "beetle:{celery:m-1}"
+
+
+# Redis only
+
+
+def test_memory_per_in_flight_message_is_at_most_300_bytes(store, clock):
+    redis_store = redis_only(store)
+    sizes = []
+    for _ in range(50):
+        msg = MessageFacts("celery", str(uuid.uuid4()), expires_at_ms=clock() + DAY_MS)
+        redis_store.claim(msg, LIMITS, "celery@worker-07.example.com:123456")
+        key = redis_store.key(msg.queue, msg.message_id)
+        assert redis_store.client.object("encoding", key) == "listpack"
+        sizes.append(redis_store.client.memory_usage(key, samples=0))
+    assert sum(sizes) / len(sizes) <= 300
+
+
+def test_no_key_is_ever_left_without_a_ttl(store, clock):
+    redis_store = redis_only(store)
+    msg = message(clock)
+    limits = Limits(LEASE_MS, attempts=2, exceptions=1)
+    claim = redis_store.claim(msg, limits, "w1")
+    redis_store.fail(msg, claim.token, limits, retryable=True)
+    clock.advance(limits.delay_ms)
+    redis_store.complete(msg, redis_store.claim(msg, limits, "w1").token)
+    redis_store.claim(message(clock, "m-2"), limits, "w1")
+    client = redis_store.client
+    keys = list(client.scan_iter("beetle:*"))
+    assert len(keys) == 2
+    assert all(client.pttl(key) > 0 for key in keys)
+
+
+def test_only_one_of_many_simultaneous_claims_acquires(store, clock):
+    redis_store = redis_only(store)
+    msg = message(clock)
+    outcomes: list[Claim] = []
+    barrier = threading.Barrier(16)
+
+    def claim(n: int) -> None:
+        barrier.wait()
+        outcomes.append(redis_store.claim(msg, LIMITS, f"w{n}").outcome)
+
+    threads = [threading.Thread(target=claim, args=(n,)) for n in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(o.value for o in outcomes) == ["acquired"] + ["locked"] * 15
+
+
+def test_scripts_are_loaded_again_after_redis_forgot_them(store, clock):
+    redis_store = redis_only(store)
+    redis_store.client.script_flush()
+    assert redis_store.claim(message(clock), LIMITS, "w1").outcome is Claim.ACQUIRED
+
+
+def test_a_bytes_client_works_too(redis_url, clock):
+    raw = RedisStore(redis.Redis.from_url(redis_url), clock=clock)
+    msg = message(clock)
+    token = raw.claim(msg, LIMITS, "w1").token
+    state = raw.peek(msg.queue, msg.message_id)
+    assert state is not None and state.owner == "w1"
+    assert raw.complete(msg, token).outcome is Fence.OK
+    raw.close()
+
+
+def test_fake_and_redis_agree_on_random_histories(redis_url):
+    """Random operations, the same on both stores: every answer and record must match.
+
+    Four slots each hold one message at a time; a message that is finished or expired is
+    replaced by a new one, so the history keeps visiting every outcome.
+    """
+    rng = random.Random(20261121)
+    clock = ManualClock(1_800_000_000_000)
+    fake = FakeStore(clock=clock)
+    real = RedisStore.from_url(redis_url, clock=clock)
+    seen: set[tuple[str, str]] = set()
+
+    def fresh(n: int) -> tuple[MessageFacts, int]:
+        life = rng.choice([3_000, 20_000, DAY_MS])
+        return MessageFacts("q", f"m-{n}", expires_at_ms=clock() + life), 0
+
+    serial = itertools.count()
+    slots = [fresh(next(serial)) for _ in range(4)]
+    try:
+        for step in range(2_000):
+            index = rng.randrange(len(slots))
+            msg, token = slots[index]
+            state = fake.peek(msg.queue, msg.message_id)
+            done = msg.expires_at_ms <= clock() or (state and state.status.is_final)
+            if done and rng.random() < 0.5:
+                slots[index] = fresh(next(serial))
+                msg, token = slots[index]
+            limits = Limits(
+                lease_timeout_ms=rng.choice([1_000, 5_000]),
+                attempts=rng.randint(1, 4),
+                exceptions=rng.randint(0, 3),
+                delay_ms=rng.choice([0, 500, 2_000]),
+                max_delay_ms=rng.choice([1_000, 5_000]),
+            )
+            use = token if rng.random() < 0.8 else token - 1
+            operation = rng.choice(
+                ["gate", "claim", "claim", "complete", "fail", "extend", "release"]
+            )
+            answers: tuple[object, object]
+            if operation == "gate":
+                answers = fake.gate(msg), real.gate(msg)
+            elif operation == "claim":
+                answers = fake.claim(msg, limits, "w"), real.claim(msg, limits, "w")
+                if answers[0].acquired:
+                    slots[index] = msg, answers[0].token
+            elif operation == "complete":
+                answers = fake.complete(msg, use), real.complete(msg, use)
+            elif operation == "fail":
+                retryable = rng.random() < 0.8
+                answers = (
+                    fake.fail(msg, use, limits, retryable),
+                    real.fail(msg, use, limits, retryable),
+                )
+            elif operation == "extend":
+                answers = fake.extend(msg, use, 2_000), real.extend(msg, use, 2_000)
+            else:
+                answers = fake.release(msg, use), real.release(msg, use)
+            assert answers[0] == answers[1], (step, operation, msg)
+            assert fake.peek("q", msg.message_id) == real.peek("q", msg.message_id), (step, msg)
+            seen.add((operation, str(getattr(answers[0], "outcome", ""))))
+            clock.advance(rng.choice([0, 0, 50, 200, 700, 2_000]))
+    finally:
+        real.close()
+    # The history is only worth something if it went through the interesting outcomes.
+    for expected in [
+        ("claim", "Claim.ACQUIRED"),
+        ("claim", "Claim.LOCKED"),
+        ("claim", "Claim.DELAYED"),
+        ("claim", "Claim.ATTEMPTS_EXHAUSTED"),
+        ("claim", "Claim.ALREADY_DONE"),
+        ("complete", "Fence.OK"),
+        ("fail", "Failure.RETRY"),
+        ("fail", "Failure.GIVE_UP"),
+        ("extend", "Fence.OK"),
+        ("release", "Fence.OK"),
+        ("gate", "Gate.DEFER"),
+    ]:
+        assert expected in seen, expected

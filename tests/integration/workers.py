@@ -20,7 +20,8 @@ class Worker:
 
     def __init__(self, url: str, out: Path, *, options: dict[str, Any] | None = None,
                  pool: str = "solo", concurrency: int = 1, queue: str = "celery",
-                 extra_env: dict[str, str] | None = None) -> None:
+                 extra_env: dict[str, str] | None = None,
+                 extra_args: tuple[str, ...] = ()) -> None:
         self.out = out
         self.log = out.with_suffix(".log")
         env = dict(os.environ)
@@ -36,7 +37,7 @@ class Worker:
         self.args = [sys.executable, "-m", "celery", "-A", "tests.integration.celery_app",
                      "worker", "-P", pool, "-c", str(concurrency), "-Q", queue,
                      "--without-gossip", "--without-mingle", "-l", "info",
-                     "-n", f"it-{os.getpid()}-{time.monotonic_ns()}@%h"]
+                     "-n", f"it-{os.getpid()}-{time.monotonic_ns()}@%h", *extra_args]
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, ready_timeout: float = 30) -> Worker:

@@ -16,9 +16,8 @@ import time
 
 from celery import Celery
 
-from benchmarks._nodes import rabbit_ports
-
 import kombu_beetle  # noqa: F401  (registers beetle://)
+from benchmarks._nodes import rabbit_ports
 
 
 def make_app(url: str, transport_options: dict) -> Celery:

@@ -13,8 +13,12 @@ import kombu_beetle  # noqa: F401
 from tests.integration.workers import Worker
 
 #: short timeouts so that fault tests finish quickly
-FAST = {"confirm_timeout": 1.0, "reconnect_interval": 0.2, "reconnect_max_interval": 1.0,
-        "connect_timeout": 1.0}
+FAST = {
+    "confirm_timeout": 1.0,
+    "reconnect_interval": 0.2,
+    "reconnect_max_interval": 1.0,
+    "connect_timeout": 1.0,
+}
 
 
 @pytest.fixture

@@ -39,8 +39,13 @@ def drain(conn, queue, count, timeout=10.0, accept_ack=True, auto_declare=True):
         if accept_ack:
             message.ack()
 
-    with Consumer(conn.default_channel, [queue], callbacks=[on_message],
-                  accept=["json", "text/plain"], auto_declare=auto_declare):
+    with Consumer(
+        conn.default_channel,
+        [queue],
+        callbacks=[on_message],
+        accept=["json", "text/plain"],
+        auto_declare=auto_declare,
+    ):
         deadline = time.monotonic() + timeout
         while len(got) < count and time.monotonic() < deadline:
             try:
@@ -92,8 +97,7 @@ def test_priorities_order_one_queue_with_the_primary_strategy(brokers):
         producer = Producer(conn.default_channel)
         for priority in (1, 5, 9, 3):
             producer.publish(priority, routing_key=queue.name, priority=priority)
-        got = [m.payload for m in iter(lambda: queue(conn.default_channel).get(no_ack=True),
-                                       None)]
+        got = [m.payload for m in iter(lambda: queue(conn.default_channel).get(no_ack=True), None)]
         assert got == [9, 5, 3, 1]
         queue(conn.default_channel).delete()
 
@@ -155,8 +159,7 @@ def rpc_app(brokers):
 
 
 def test_remote_control_events_and_rpc_results_work_with_a_worker(brokers, worker, rpc_app):
-    w = worker(brokers.beetle_url, extra_env={"BEETLE_TEST_BACKEND": "rpc://"},
-               extra_args=("-E",))
+    w = worker(brokers.beetle_url, extra_env={"BEETLE_TEST_BACKEND": "rpc://"}, extra_args=("-E",))
     assert w.alive()
     replies = rpc_app.control.ping(timeout=3)
     assert len(replies) == 1

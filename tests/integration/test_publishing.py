@@ -18,8 +18,13 @@ def test_redundant_publish_lands_on_exactly_two_brokers(brokers, connect):
     conn = connect()
     producer = Producer(conn.default_channel)
     for i in range(30):
-        producer.publish({"i": i}, exchange=QUEUE.exchange, routing_key="work",
-                         declare=[QUEUE], headers={FLAGS_HEADER: 1})
+        producer.publish(
+            {"i": i},
+            exchange=QUEUE.exchange,
+            routing_key="work",
+            declare=[QUEUE],
+            headers={FLAGS_HEADER: 1},
+        )
     assert sum(depths(brokers)) == 60
     by_id: dict[str, list[int]] = {}
     for index, node in enumerate(brokers.nodes):
@@ -32,8 +37,12 @@ def test_redundant_publish_lands_on_exactly_two_brokers(brokers, connect):
 def test_redundant_copies_share_one_message_id_and_the_beetle_headers(brokers, connect):
     conn = connect()
     Producer(conn.default_channel).publish(
-        "x", exchange=QUEUE.exchange, routing_key="work", declare=[QUEUE],
-        headers={FLAGS_HEADER: 1, "mine": "kept"}, message_id="outbox-42",
+        "x",
+        exchange=QUEUE.exchange,
+        routing_key="work",
+        declare=[QUEUE],
+        headers={FLAGS_HEADER: 1, "mine": "kept"},
+        message_id="outbox-42",
     )
     copies = [m for node in brokers.nodes for m in node.get_messages(brokers.vhost, "work")]
     assert [props.message_id for _, props, _ in copies] == ["outbox-42", "outbox-42"]
@@ -45,8 +54,9 @@ def test_redundant_copies_share_one_message_id_and_the_beetle_headers(brokers, c
 
 def test_a_queue_marked_redundant_by_option_gets_two_copies(brokers, connect):
     conn = connect(redundant_queues="work")
-    Producer(conn.default_channel).publish("x", exchange=QUEUE.exchange, routing_key="work",
-                                           declare=[QUEUE])
+    Producer(conn.default_channel).publish(
+        "x", exchange=QUEUE.exchange, routing_key="work", declare=[QUEUE]
+    )
     assert sorted(depths(brokers)) == [0, 1, 1]
 
 
@@ -60,8 +70,9 @@ def test_round_robin_spreads_plain_messages_one_copy_each(brokers, connect):
 
 def test_plain_messages_keep_exactly_their_headers_and_get_a_message_id(brokers, connect):
     conn = connect()
-    Producer(conn.default_channel).publish("x", exchange=QUEUE.exchange, routing_key="work",
-                                           declare=[QUEUE], headers={"a": 1})
+    Producer(conn.default_channel).publish(
+        "x", exchange=QUEUE.exchange, routing_key="work", declare=[QUEUE], headers={"a": 1}
+    )
     [(_, props, _)] = [m for n in brokers.nodes for m in n.get_messages(brokers.vhost, "work")]
     assert props.headers == {"a": 1}
     assert props.message_id
@@ -88,16 +99,13 @@ def test_a_dead_broker_is_skipped_and_the_publish_still_gets_two_copies(brokers,
     producer.publish("warm", exchange=QUEUE.exchange, routing_key="work", declare=[QUEUE])
     brokers.nodes[0].kill()
     for i in range(10):
-        producer.publish(i, exchange=QUEUE.exchange, routing_key="work",
-                         headers={FLAGS_HEADER: 1})
+        producer.publish(i, exchange=QUEUE.exchange, routing_key="work", headers={FLAGS_HEADER: 1})
     live = [node.queue_depths(brokers.vhost)["work"][0] for node in brokers.nodes[1:]]
     assert sum(live) >= 20  # both copies of every message on the two live brokers
 
 
 @pytest.mark.parametrize("redundant", [True, False])
-def test_with_every_broker_down_publish_names_the_brokers_and_recovers(
-    brokers, connect, redundant
-):
+def test_with_every_broker_down_publish_names_the_brokers_and_recovers(brokers, connect, redundant):
     from kombu_beetle import NoBrokerAvailable
 
     conn = connect(brokers.url_for(0, 1))
@@ -112,7 +120,17 @@ def test_with_every_broker_down_publish_names_the_brokers_and_recovers(
     assert brokers.nodes[1].host_port in str(info.value)
     brokers.nodes[1].restart()
     # kombu's retry policy applies, since NoBrokerAvailable is a recoverable connection error
-    producer.publish("after", exchange=QUEUE.exchange, routing_key="work", headers=headers,
-                     retry=True, retry_policy={"max_retries": 20, "interval_start": 0.2,
-                                               "interval_step": 0.2, "interval_max": 0.5})
+    producer.publish(
+        "after",
+        exchange=QUEUE.exchange,
+        routing_key="work",
+        headers=headers,
+        retry=True,
+        retry_policy={
+            "max_retries": 20,
+            "interval_start": 0.2,
+            "interval_step": 0.2,
+            "interval_max": 0.5,
+        },
+    )
     assert brokers.nodes[1].queue_depths(brokers.vhost)["work"][0] >= 1

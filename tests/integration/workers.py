@@ -18,33 +18,61 @@ ROOT = Path(__file__).resolve().parents[2]
 class Worker:
     """A worker process whose task runs are counted from its output file."""
 
-    def __init__(self, url: str, out: Path, *, options: dict[str, Any] | None = None,
-                 pool: str = "solo", concurrency: int = 1, queue: str = "celery",
-                 extra_env: dict[str, str] | None = None,
-                 extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        url: str,
+        out: Path,
+        *,
+        options: dict[str, Any] | None = None,
+        pool: str = "solo",
+        concurrency: int = 1,
+        queue: str = "celery",
+        extra_env: dict[str, str] | None = None,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
         self.out = out
         self.log = out.with_suffix(".log")
         env = dict(os.environ)
-        env.update({
-            "BEETLE_TEST_URL": url,
-            "BEETLE_TEST_OUT": str(out),
-            "BEETLE_TEST_OPTIONS": json.dumps(options or {}),
-            "BEETLE_TEST_QUEUE": queue,
-            "PYTHONPATH": f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}",
-        })
+        env.update(
+            {
+                "BEETLE_TEST_URL": url,
+                "BEETLE_TEST_OUT": str(out),
+                "BEETLE_TEST_OPTIONS": json.dumps(options or {}),
+                "BEETLE_TEST_QUEUE": queue,
+                "PYTHONPATH": f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}",
+            }
+        )
         env.update(extra_env or {})
         self.env = env
-        self.args = [sys.executable, "-m", "celery", "-A", "tests.integration.celery_app",
-                     "worker", "-P", pool, "-c", str(concurrency), "-Q", queue,
-                     "--without-gossip", "--without-mingle", "-l", "info",
-                     "-n", f"it-{os.getpid()}-{time.monotonic_ns()}@%h", *extra_args]
+        self.args = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.integration.celery_app",
+            "worker",
+            "-P",
+            pool,
+            "-c",
+            str(concurrency),
+            "-Q",
+            queue,
+            "--without-gossip",
+            "--without-mingle",
+            "-l",
+            "info",
+            "-n",
+            f"it-{os.getpid()}-{time.monotonic_ns()}@%h",
+            *extra_args,
+        ]
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, ready_timeout: float = 30) -> Worker:
         self.out.touch()
         with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(self.args, env=self.env, stdout=log,
-                                         stderr=subprocess.STDOUT, cwd=ROOT)
+            self.proc = subprocess.Popen(
+                self.args, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT
+            )
         deadline = time.monotonic() + ready_timeout
         while b" ready." not in self.log.read_bytes():
             if self.proc.poll() is not None or time.monotonic() > deadline:

@@ -21,8 +21,14 @@ def test_url_lists_brokers_credentials_and_vhost():
 
 
 @pytest.mark.parametrize(
-    ("url", "vhost"), [("beetle://h1//", "/"), ("beetle://h1/", "/"), ("beetle://h1", "/"),
-                       ("beetle://h1/%2Fweird", "/weird"), ("beetle://h1/app", "app")]
+    ("url", "vhost"),
+    [
+        ("beetle://h1//", "/"),
+        ("beetle://h1/", "/"),
+        ("beetle://h1", "/"),
+        ("beetle://h1/%2Fweird", "/weird"),
+        ("beetle://h1/app", "app"),
+    ],
 )
 def test_vhost_follows_the_amqp_url_convention(url, vhost):
     assert parse_url(url).virtual_host == vhost

@@ -14,6 +14,7 @@ import select
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from .brokers import LINK_ERRORS, BrokerLink, BrokerSet, fail_or_raise
@@ -21,6 +22,7 @@ from .declarations import DeclarationLog
 from .errors import NoBrokerAvailable
 from .options import BeetleOptions
 from .reviver import Reviver
+from .trace import Tracer, get_tracer
 
 if TYPE_CHECKING:
     from .channel import BeetleChannel
@@ -118,6 +120,11 @@ class BeetleConnection:
         for link in self.brokers:
             # a graceful close waits for the broker's close-ok, bounded by the socket timeout
             link.close(graceful=graceful and link.alive)
+
+    @cached_property
+    def tracer(self) -> Tracer:
+        """Trace events of this process (a no-op unless ``trace_dir`` is set)."""
+        return get_tracer(self.options.trace_dir, role="publisher")
 
     # -- channels ------------------------------------------------------------------
 

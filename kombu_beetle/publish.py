@@ -25,6 +25,7 @@ from amqp.exceptions import MessageNacked
 from .brokers import LINK_ERRORS, BrokerChannel, BrokerLink, fail_or_raise
 from .envelope import ensure_message_id, is_redundant, stamp_redundant
 from .errors import NoBrokerAvailable, PublishNotConfirmed
+from .trace import NullTracer
 
 if TYPE_CHECKING:
     from .channel import BeetleChannel
@@ -32,6 +33,33 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _CONFIRMS = [spec.Basic.Ack, spec.Basic.Nack]
+
+
+def _trace(
+    tracer: Any,
+    properties: dict[str, Any],
+    routing_key: str,
+    redundant: bool,
+    wanted: int,
+    done: list[BrokerLink],
+    failed: list[str],
+) -> None:
+    """One ``published`` event per broker copy, confirmed or not (see kombu_beetle.trace)."""
+    headers = properties.get("application_headers") or {}
+    common = {
+        "task_name": headers.get("task"),
+        "task_id": headers.get("id"),
+    }
+    copies = [(link.name, True) for link in done] + [(name, False) for name in failed]
+    for broker, confirmed in copies:
+        tracer.emit(
+            "published",
+            properties["message_id"],
+            queue=routing_key,
+            broker=broker,
+            detail={"confirmed": confirmed, "redundant": redundant, "copies": wanted},
+            **common,
+        )
 
 
 def _confirm_handler(method: Any, *args: Any) -> None:
@@ -111,6 +139,9 @@ def publish(
                 f"message {properties['message_id']} was nacked by {', '.join(failed)}"
             )
         raise NoBrokerAvailable(failed or connection.brokers.names(), "publish failed on each")
+    tracer = connection.tracer
+    if not isinstance(tracer, NullTracer):
+        _trace(tracer, properties, routing_key, redundant, wanted, done, failed)
     if redundant and len(done) < wanted <= len(candidates):
         logger.warning(
             "beetle: redundant message %s stored on %d of %d brokers (%s)",

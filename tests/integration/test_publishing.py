@@ -134,3 +134,28 @@ def test_with_every_broker_down_publish_names_the_brokers_and_recovers(brokers, 
         },
     )
     assert brokers.nodes[1].queue_depths(brokers.vhost)["work"][0] >= 1
+
+
+def test_tracing_writes_one_published_event_per_confirmed_copy(brokers, connect, tmp_path):
+    import json
+
+    from kombu_beetle.trace import flush_all
+
+    conn = connect(trace_dir=str(tmp_path))
+    producer = Producer(conn.default_channel)
+    producer.publish(
+        "r",
+        exchange=QUEUE.exchange,
+        routing_key="work",
+        declare=[QUEUE],
+        headers={FLAGS_HEADER: 1},
+        message_id="m-redundant",
+    )
+    producer.publish("p", exchange=QUEUE.exchange, routing_key="work", message_id="m-plain")
+    flush_all()
+    events = [json.loads(line) for f in tmp_path.glob("*.jsonl") for line in f.open()]
+    published = [(e["message_id"], e["broker"], e["detail"]["confirmed"]) for e in events]
+    assert sorted(m for m, _, _ in published) == ["m-plain", "m-redundant", "m-redundant"]
+    assert all(confirmed for _, _, confirmed in published)
+    assert len({b for m, b, _ in published if m == "m-redundant"}) == 2
+    assert {e["queue"] for e in events} == {"work"}

@@ -196,7 +196,12 @@ class TraceWriter:
     # -- producing -------------------------------------------------------------------------
 
     def emit(self, event: str, message_id: str, queue: str | None = None, **fields: Any) -> None:
-        """Append one event to the buffer. Cheap, never blocks on I/O, never raises."""
+        """Record one event; never raises.
+
+        ``fields`` are the optional line fields (``task_name``, ``task_id``, ``broker``,
+        ``worker``, ``pid``, ``attempt``, ``detail``); other keywords are ignored. Ordinary
+        events only go to the buffer; ``sync_events`` also write the buffer through.
+        """
         try:
             if self._closed:
                 return

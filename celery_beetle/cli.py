@@ -1,0 +1,135 @@
+"""The ``beetle`` command line.
+
+``main`` is a click group; each operation is a subcommand registered with ``@main.command()``
+(in this module or in a module that imports ``main``). Heavy dependencies (pyspark,
+matplotlib, celery) are imported inside the subcommand that needs them, so ``beetle --help``
+and quick subcommands start in a fraction of a second.
+
+Exit status of ``beetle audit``: 0 when the verdict is clean, 1 when any message is lost,
+duplicated or unexpected, 2 for usage errors, 3 when the audit could not run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import click
+
+__all__ = ["main"]
+
+EXIT_BAD_VERDICT = 1
+EXIT_AUDIT_FAILED = 3
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="kombu-beetle", message="%(version)s")
+def main() -> None:
+    """kombu-beetle / celery-beetle: Celery over N RabbitMQ brokers, exactly once."""
+
+
+@contextmanager
+def _progress(enabled: bool) -> Iterator[Callable[[str], None]]:
+    """A spinner with the current step on a terminal; silence when piped or under CI."""
+    if not enabled:
+        yield lambda _msg: None
+        return
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    with console.status("starting Spark") as status:
+
+        def step(msg: str) -> None:
+            console.log(msg)
+            status.update(msg)
+
+        yield step
+
+
+@main.command()
+@click.argument("trace_path", nargs=-1, required=True)
+@click.option("--out", "out_dir", required=True, help="Directory (or Hadoop URL) for results.")
+@click.option("--master", default=None, help="Spark master URL; default local[*].")
+@click.option("--driver-memory", default="2g", show_default=True, help="Driver heap in local mode.")
+@click.option(
+    "--skew-tolerance-ms",
+    type=click.IntRange(min=0),
+    default=1000,
+    show_default=True,
+    help="Runs overlapping by less than this are not reported (allowed clock skew).",
+)
+@click.option(
+    "--samples",
+    type=click.IntRange(min=0),
+    default=5,
+    show_default=True,
+    help="Sample message ids kept per bad class in summary.json.",
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress output.")
+def audit(
+    trace_path: tuple[str, ...],
+    out_dir: str,
+    master: str | None,
+    driver_memory: str,
+    skew_tolerance_ms: int,
+    samples: int,
+    quiet: bool,
+) -> None:
+    """Audit trace events: was every message run exactly once?
+
+    TRACE_PATH is one or more files, directories or globs, local or any Hadoop URL
+    (s3a://, hdfs://). Writes Parquet tables, summary.json and report.html under --out and
+    exits 1 when any message is lost, duplicated or unexpected.
+    """
+    try:
+        from celery_beetle.audit import job
+    except ImportError as exc:
+        raise click.ClickException(
+            f"beetle audit needs pyspark and matplotlib ({exc}); "
+            "install them with: pip install 'kombu-beetle[audit]'"
+        )
+    show = not quiet and sys.stderr.isatty()
+    try:
+        with _progress(show) as step:
+            step("starting Spark")
+            spark = job.build_session(master, driver_memory=driver_memory)
+            result = job.run_audit(
+                spark,
+                list(trace_path),
+                out_dir,
+                skew_tolerance_ms=skew_tolerance_ms,
+                samples_per_class=samples,
+                step=step,
+            )
+    except Exception as exc:
+        click.echo(f"beetle audit: the audit could not run: {exc}", err=True)
+        sys.exit(EXIT_AUDIT_FAILED)
+    _print_verdict(result.summary, result.files, show)
+    sys.exit(0 if result.ok else EXIT_BAD_VERDICT)
+
+
+def _print_verdict(summary: dict[str, object], files: dict[str, str], rich_output: bool) -> None:
+    from celery_beetle.audit.schema import BAD_VERDICTS, SUMMARY_COUNTS
+
+    counts = {k: summary[k] for k in SUMMARY_COUNTS}
+    if not rich_output:
+        click.echo(json.dumps(counts))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="beetle audit", show_header=True)
+    table.add_column("verdict")
+    table.add_column("count", justify="right")
+    for k, v in counts.items():
+        bad = k in BAD_VERDICTS and v
+        table.add_row(f"[red]{k}[/]" if bad else k, f"{v:,}" if isinstance(v, int) else str(v))
+    console = Console()
+    console.print(table)
+    console.print(f"summary: {files['summary']}\nreport:  {files['report']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""``beetle audit`` end to end on generated traces whose verdict is known in advance."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from benchmarks.gen_trace import Plan, generate
+from celery_beetle.cli import main
+
+pytestmark = pytest.mark.spark
+COUNTS = ("messages", "completed_once", "lost", "duplicated", "unexpected", "dead_lettered")
+
+
+@pytest.fixture
+def shared_spark(spark: Any) -> Any:
+    """The CLI joins the test session (getOrCreate); put back what its builder changes."""
+    yield spark
+    spark.conf.set("spark.sql.shuffle.partitions", "2")
+
+
+def _run(trace: Path, out: Path) -> Any:
+    return CliRunner().invoke(main, ["audit", str(trace), "--out", str(out), "--quiet"])
+
+
+def test_audit_finds_exactly_the_planted_faults_and_exits_1(shared_spark, tmp_path):
+    plan = Plan(
+        messages=400,
+        lost=3,
+        duplicated=2,
+        overlapped=2,
+        unexpected=1,
+        dead_lettered=4,
+        expired=2,
+        retried=20,
+        unobserved=2,
+        malformed=5,
+        skew_ms=300,
+        procs=1,
+        files_per_proc=4,
+    )
+    expected = generate(plan, tmp_path / "trace")
+    result = _run(tmp_path / "trace", tmp_path / "out")
+    assert result.exit_code == 1, result.output
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    for key in (*COUNTS, "expired", "malformed_lines", "retried_messages", "completed_unobserved"):
+        assert summary[key] == expected[key], key
+    assert len(summary["samples"]["lost"]) == 3
+    assert json.loads(result.output.strip().splitlines()[-1])["lost"] == 3
+    assert (tmp_path / "out" / "report.html").stat().st_size > 10_000
+
+
+def test_clean_trace_exits_0(shared_spark, tmp_path):
+    plan = Plan(messages=200, retried=10, dead_lettered=2, expired=1, procs=1, files_per_proc=3)
+    expected = generate(plan, tmp_path / "trace")
+    result = _run(tmp_path / "trace", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert {k: summary[k] for k in COUNTS} == {k: expected[k] for k in COUNTS}
+    assert summary["ok"] is True
+
+
+def test_missing_trace_path_exits_3_with_a_message(shared_spark, tmp_path):
+    result = _run(tmp_path / "nowhere", tmp_path / "out")
+    assert result.exit_code == 3
+    assert "could not run" in result.output
+
+
+def test_help_is_fast_because_pyspark_is_imported_only_by_audit():
+    code = "import sys, celery_beetle.cli; print('pyspark' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    help_text = CliRunner().invoke(main, ["--help"]).output
+    assert "audit" in help_text

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import pytest
 
@@ -67,6 +68,34 @@ def _server_missing(what: str) -> None:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"{message} (CI=true: install it rather than skip)", pytrace=False)
     pytest.skip(message)
+
+
+# -- Spark (the audit) --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local Spark session for the run (a JVM costs seconds): audit tests and chaos."""
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        _server_missing("pyspark")
+    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
+        _server_missing("a Java runtime (java on PATH or JAVA_HOME)")
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("beetle-tests")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.adaptive.enabled", "false")
+        .config("spark.driver.memory", "1g")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
 
 
 # -- RabbitMQ ----------------------------------------------------------------------------------

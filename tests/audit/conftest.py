@@ -1,50 +1,12 @@
-"""One local Spark session for the whole audit test directory.
-
-Starting a JVM costs seconds, so the session is session-scoped and tuned for tiny data:
-two cores, two shuffle partitions, no UI. Without pyspark or Java the tests skip locally
-but fail under ``CI=true``, where a skipped audit would hide a broken checker.
-"""
+"""Hand-built traces for the audit tests; the Spark session is the root conftest's ``spark``."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-
-def _missing(reason: str) -> None:
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"audit tests need {reason} under CI=true", pytrace=False)
-    pytest.skip(f"audit tests need {reason}")
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    try:
-        from pyspark.sql import SparkSession
-    except ImportError:
-        _missing("pyspark")
-    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
-        _missing("a Java runtime (java on PATH or JAVA_HOME)")
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("beetle-audit-tests")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.adaptive.enabled", "false")
-        .config("spark.driver.memory", "1g")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 class TraceBuilder:

@@ -6,8 +6,6 @@ the long one.  Each scenario is judged by the Spark audit.
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,26 +24,6 @@ def message_count(config: pytest.Config) -> int:
 @pytest.fixture
 def messages(request: pytest.FixtureRequest) -> int:
     return message_count(request.config)
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    try:
-        import pyspark  # noqa: F401
-    except ImportError:
-        _missing("pyspark")
-    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
-        _missing("a Java runtime")
-    from celery_beetle.audit.job import build_session
-
-    session = build_session("local[2]", driver_memory="1g", shuffle_partitions=2)
-    yield session
-
-
-def _missing(what: str) -> None:
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"chaos scenarios need {what} under CI=true", pytrace=False)
-    pytest.skip(f"chaos scenarios need {what}")
 
 
 @pytest.fixture

@@ -1,9 +1,61 @@
 """celery_beetle: exactly-once execution of Celery tasks over kombu_beetle.
 
-The worker side of the project: a Redis deduplication store, a consumer bootstep
-that gates deliveries before the pool, and the opt-in ``BeetleTask`` base class.
+The worker side of the project: a Redis deduplication store, a consumer bootstep that gates
+deliveries before the pool, and the opt-in ``BeetleTask`` base class::
+
+    import celery_beetle
+    from celery_beetle import BeetleTask
+
+    app = Celery("shop", broker="beetle://guest:guest@rabbit1:5672,rabbit2:5672//")
+    app.conf.beetle_redis_url = "redis://redis:6379/0"
+    celery_beetle.install(app)
+
+    @app.task(base=BeetleTask, attempts=3, exceptions=2, delay=5)
+    def charge(order_id): ...
+
+Settings (``app.conf.beetle_*``): :mod:`celery_beetle.settings`. Task options:
+:mod:`celery_beetle.task`. What the worker does with each delivery: :mod:`celery_beetle.gate`.
 """
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from typing import Any
+
+from celery_beetle.settings import BeetleSettings, mask_url, parse_store_url
+from celery_beetle.task import AttemptsExhausted, BeetleTask
+
+__all__ = [
+    "AttemptsExhausted",
+    "BeetleSettings",
+    "BeetleTask",
+    "install",
+    "mask_url",
+    "parse_store_url",
+]
+
+
+def install(app: Any) -> Any:
+    """Make ``app``'s workers deduplicate BeetleTasks; returns ``app``.
+
+    Adds the gate bootstep to the worker's consumer (it reads and validates ``app.conf``'s
+    ``beetle_*`` settings when the worker starts, so a mistake stops the worker before its
+    first message), registers the ``beetle://`` transport, and flushes trace events when a
+    pool process exits. Calling it twice is harmless.
+    """
+    from celery.signals import worker_process_shutdown
+
+    import kombu_beetle  # noqa: F401  (registers beetle://)
+    from celery_beetle.bootstep import BeetleGateStep
+
+    if getattr(app, "_beetle_installed", False):
+        return app
+    app.steps["consumer"].add(BeetleGateStep)
+    worker_process_shutdown.connect(_flush_traces, weak=False)
+    app._beetle_installed = True
+    return app
+
+
+def _flush_traces(**kwargs: Any) -> None:
+    from kombu_beetle.trace import flush_all
+
+    flush_all()

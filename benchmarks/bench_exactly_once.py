@@ -1,0 +1,349 @@
+"""What exactly-once costs a worker: logical tasks per second, and Redis round trips.
+
+Side by side in one run, same pool and concurrency, queues filled before the worker starts
+(the clock runs from the first task start to the last task end, so worker start-up and
+publishing are not measured):
+
+- **baseline**: a plain Celery task on ``pyamqp://`` and one broker;
+- **beetle**: a BeetleTask on ``beetle://`` over two brokers: every task is delivered twice
+  (once per broker), the gate drops one copy, the pool claims and completes the other.
+
+Printed: tasks/s of each and their ratio (target >= 0.8), Redis round trips per redundant
+pair (target <= 4) and per dropped duplicate (target <= 1), from the store's own
+``round_trips`` counters (gate and pool processes), cross-checked against Redis's
+``INFO commandstats`` (which also shows any hidden trip, such as a script load). A last
+phase publishes the same tasks again (same task ids: an outbox relay retrying) to a fresh
+worker, so that every copy is a duplicate of a completed message: what dropping costs when
+the gate has to ask Redis.
+
+Usage::
+
+    python -m benchmarks.bench_exactly_once [--tasks 3000] [--rounds 3] [--body-ms 0]
+        [--pool prefork] [--concurrency 2] [--breakdown]
+
+``--body-ms`` gives each task an I/O-bound body (a sleep), closer to real tasks than the
+default empty body, which measures nothing but the per-message overhead. ``--breakdown`` also
+times a plain task over ``beetle://`` (one copy) and a BeetleTask over ``pyamqp://`` (one
+copy, deduplicated), to show what the transport, the dedup and the redundancy each cost.
+
+Brokers come from ``benchmarks/_nodes.py`` (``BEETLE_BENCH_PORTS`` or throwaway nodes); Redis
+is a throwaway ``redis-server`` on a free port. This module is also the workers' Celery app
+(``celery -A benchmarks.bench_exactly_once``), configured from ``BENCH_*`` variables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_process_shutdown, worker_shutdown
+from kombu import Connection
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import celery_beetle  # noqa: E402
+from celery_beetle import BeetleTask  # noqa: E402
+
+# -- the workers' app ------------------------------------------------------------------------
+
+app = Celery("bench_eo", broker=os.environ.get("BENCH_BROKER", "memory://"), set_as_current=False)
+app.conf.beetle_redis_url = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/15")
+app.conf.worker_hijack_root_logger = False
+app.conf.broker_connection_retry_on_startup = True
+celery_beetle.install(app)
+OUT = os.environ.get("BENCH_OUT", "/dev/null")
+STATS = os.environ.get("BENCH_STATS", "")
+BODY_S = float(os.environ.get("BENCH_BODY_MS", "0")) / 1000
+
+
+def _note() -> None:
+    if BODY_S:
+        time.sleep(BODY_S)  # an I/O-bound body: the worker waits, the CPU does not
+    with open(OUT, "a") as out:
+        out.write(f"{time.time():.6f}\n")
+
+
+@app.task(name="bench.plain")
+def plain(i: int) -> None:
+    _note()
+
+
+@app.task(base=BeetleTask, name="bench.beetle", timeout=60)
+def beetle(i: int) -> None:
+    _note()
+
+
+def _dump(kind: str, data: dict[str, Any]) -> None:
+    if STATS:
+        with open(STATS, "a") as out:
+            out.write(json.dumps({"kind": kind, "pid": os.getpid(), **data}) + "\n")
+
+
+@worker_process_shutdown.connect
+def _pool_stats(**kwargs: Any) -> None:
+    from celery_beetle.task import _stores
+
+    _dump("pool", {"round_trips": sum(s.round_trips for s in _stores.values())})
+
+
+@worker_shutdown.connect
+def _gate_stats(sender: Any = None, **kwargs: Any) -> None:
+    from celery_beetle.task import _stores
+
+    step = getattr(getattr(sender, "consumer", None), "beetle_gate", None)
+    gate = getattr(step, "gate", None)
+    if gate is not None:
+        pool = sum(s.round_trips for s in _stores.values())  # solo: the body runs here
+        _dump("gate", {"round_trips": gate.store.round_trips + pool, "stats": dict(gate.stats)})
+
+
+# -- the driver ------------------------------------------------------------------------------
+
+BODY_MS = 0.0
+
+
+def run_worker(
+    broker: str, redis_url: str, queue: str, tasks: int, pool: str, concurrency: int, tmp: Path
+) -> tuple[float, list[dict[str, Any]]]:
+    """Start a worker on a filled queue; return (tasks/s, its stats lines)."""
+    out, stats, log = tmp / f"{queue}.out", tmp / f"{queue}.stats", tmp / f"{queue}.log"
+    env = {
+        **os.environ,
+        "BENCH_BROKER": broker,
+        "BENCH_REDIS": redis_url,
+        "BENCH_OUT": str(out),
+        "BENCH_STATS": str(stats),
+        "BENCH_BODY_MS": str(BODY_MS),
+        "PYTHONPATH": str(ROOT),
+    }
+    args = [
+        sys.executable, "-m", "celery", "-A", "benchmarks.bench_exactly_once", "worker",
+        "-P", pool, "-c", str(concurrency), "-Q", queue, "-l", "warning",
+        "--without-gossip", "--without-mingle", "--without-heartbeat",
+        "-n", f"bench-{queue}-{os.getpid()}@%h",
+    ]  # fmt: skip
+    out.touch()
+    with log.open("wb") as log_file:
+        proc = subprocess.Popen(args, env=env, stdout=log_file, stderr=subprocess.STDOUT, cwd=ROOT)
+    deadline = time.monotonic() + 300
+    try:
+        while _lines(out) < tasks:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"worker stopped early:\n{log.read_text()[-3000:]}")
+            time.sleep(0.2)
+        time.sleep(1.0)  # let the last copies be gated and acked
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    stamps = sorted(float(line) for line in out.read_text().split())
+    elapsed = stamps[-1] - stamps[0]
+    rate = (len(stamps) - 1) / elapsed if elapsed > 0 else float("inf")
+    lines = [json.loads(x) for x in stats.read_text().splitlines()] if stats.exists() else []
+    if len(stamps) != tasks:
+        print(f"  WARNING: {queue}: {len(stamps)} runs for {tasks} tasks", file=sys.stderr)
+    return rate, lines
+
+
+def _lines(path: Path) -> int:
+    with path.open("rb") as f:
+        return sum(1 for _ in f)
+
+
+def fill(
+    broker: str,
+    redis_url: str,
+    task_name: str,
+    queue: str,
+    tasks: int,
+    task_ids: list[str] | None = None,
+) -> list[str]:
+    """Publish ``tasks`` tasks (with ``task_ids``: publish those again); return their ids."""
+    client = Celery("bench_client", broker=broker, set_as_current=False)
+    client.conf.beetle_redis_url = redis_url
+
+    def body(i: int) -> None: ...
+
+    base = BeetleTask if task_name == "bench.beetle" else None
+    task = client.task(name=task_name, base=base, shared=False)(body)
+    ids = []
+    with client.producer_or_acquire() as producer:
+        for i in range(tasks):
+            task_id = task_ids[i] if task_ids else None
+            ids.append(task.apply_async((i,), queue=queue, producer=producer, task_id=task_id).id)
+    client.close()
+    return ids
+
+
+def drop_duplicates(
+    broker: str, redis_url: str, queue: str, tasks: int, opts: Any, tmp: Path
+) -> dict[str, Any]:
+    """Start a worker on a queue of late duplicates (tasks that already completed, published
+    again: an outbox relay's retry); return its gate's counters once it has dropped them."""
+    out, stats, log = (tmp / f"{queue}-late{suffix}" for suffix in (".out", ".stats", ".log"))
+    env = {
+        **os.environ,
+        "BENCH_BROKER": broker,
+        "BENCH_REDIS": redis_url,
+        "BENCH_OUT": str(out),
+        "BENCH_STATS": str(stats),
+        "PYTHONPATH": str(ROOT),
+    }
+    args = [
+        sys.executable, "-m", "celery", "-A", "benchmarks.bench_exactly_once", "worker",
+        "-P", opts.pool, "-c", str(opts.concurrency), "-Q", queue, "-l", "warning",
+        "--without-gossip", "--without-mingle", "--without-heartbeat",
+        "-n", f"bench-{queue}-{os.getpid()}@%h",
+    ]  # fmt: skip
+    with log.open("wb") as log_file:
+        proc = subprocess.Popen(args, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    with Connection(broker) as conn:
+        channel = conn.default_channel
+        while time.monotonic() < deadline:
+            if channel.queue_declare(queue=queue, passive=True).message_count == 0:
+                break
+            time.sleep(0.2)
+    time.sleep(2.0)  # the last deliveries are gated and acked
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(60)
+    lines = [json.loads(x) for x in stats.read_text().splitlines()] if stats.exists() else []
+    gate = next((s for s in lines if s["kind"] == "gate"), {})
+    runs = _lines(out) if out.exists() else 0
+    return {**gate, "runs": runs}
+
+
+def breakdown(single: str, both: str, redis_url: str, opts: Any, tmp: Path) -> None:
+    """Where the cost goes: the transport alone, and dedup without redundancy."""
+    for label, broker, task, queue in (
+        ("plain task, beetle://, 1 copy", both, "bench.plain", "bd-plain-beetle"),
+        ("BeetleTask, pyamqp, 1 copy", single, "bench.beetle", "bd-beetle-single"),
+    ):
+        fill(broker, redis_url, task, queue, opts.tasks)
+        rate, _ = run_worker(broker, redis_url, queue, opts.tasks, opts.pool, opts.concurrency, tmp)
+        print(f"{label + ':':36}{rate:8.0f} tasks/s")
+
+
+def commandstats(client: Any) -> dict[str, int]:
+    stats = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=3000)
+    parser.add_argument("--pool", default="prefork")
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--body-ms", type=float, default=0.0, help="each task sleeps this long (I/O-bound body)"
+    )
+    parser.add_argument(
+        "--breakdown", action="store_true", help="also time plain and BeetleTask in between"
+    )
+    opts = parser.parse_args()
+    global BODY_MS
+    BODY_MS = opts.body_ms
+
+    from benchmarks._nodes import rabbit_ports
+    from tests.harness.redis_server import RedisServer
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-eo-"))
+    server = RedisServer(tmp / "redis")
+    server.start()
+    try:
+        with rabbit_ports(2) as ports:
+            single = f"pyamqp://guest:guest@127.0.0.1:{ports[0]}//"
+            both = f"beetle://guest:guest@127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}//"
+            redis_url = server.url
+            print(
+                f"{opts.tasks} tasks x {opts.rounds} rounds, body {opts.body_ms} ms, "
+                f"pool {opts.pool} "
+                f"-c {opts.concurrency}, brokers {ports}"
+            )
+            base_rates, rates = [], []
+            for n in range(opts.rounds):
+                fill(single, redis_url, "bench.plain", f"bench-plain-{n}", opts.tasks)
+                last_ids = fill(both, redis_url, "bench.beetle", f"bench-beetle-{n}", opts.tasks)
+                base_rate, _ = run_worker(
+                    single, redis_url, f"bench-plain-{n}", opts.tasks, opts.pool,
+                    opts.concurrency, tmp,
+                )  # fmt: skip
+                with server.client() as client:
+                    before = commandstats(client)
+                rate, stats = run_worker(
+                    both, redis_url, f"bench-beetle-{n}", opts.tasks, opts.pool,
+                    opts.concurrency, tmp,
+                )  # fmt: skip
+                with server.client() as client:
+                    after = commandstats(client)
+                print(
+                    f"  round {n + 1}: plain {base_rate:6.0f}/s, beetle {rate:6.0f}/s, "
+                    f"ratio {rate / base_rate:.2f}"
+                )
+                base_rates.append(base_rate)
+                rates.append(rate)
+            queue = f"bench-beetle-{opts.rounds - 1}"  # same queue, same ids: duplicates
+            fill(both, redis_url, "bench.beetle", queue, opts.tasks, task_ids=last_ids)
+            late = drop_duplicates(both, redis_url, queue, opts.tasks, opts, tmp)
+            if opts.breakdown:
+                breakdown(single, both, redis_url, opts, tmp)
+    finally:
+        server.kill()
+    report(
+        opts.tasks, statistics.median(base_rates), statistics.median(rates), stats, before, after
+    )
+    reads = late.get("round_trips", 0)
+    dropped = late.get("stats", {}).get("duplicate", 0)
+    print(
+        f"late duplicates (the same {opts.tasks} tasks published again, 2 copies each): "
+        f"{dropped} copies dropped, {late.get('runs', 0)} runs, "
+        f"{reads / max(dropped, 1):.2f} round trips per dropped copy (target <= 1)"
+    )
+
+
+def report(
+    tasks: int,
+    base_rate: float,
+    rate: float,
+    stats: list[dict[str, Any]],
+    before: dict[str, int],
+    after: dict[str, int],
+) -> None:
+    trips = sum(s["round_trips"] for s in stats)
+    gate = next((s["stats"] for s in stats if s["kind"] == "gate"), {})
+    calls = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    calls = {k: v for k, v in calls.items() if v and k not in ("info", "hello")}
+    # commandstats also counts the commands a script runs; each script reads its record
+    # with one HMGET, so the gate's own reads are the HMGETs beyond one per script
+    scripts = calls.get("evalsha", 0) + calls.get("eval", 0)
+    wire = scripts + calls.get("script|load", 0) + calls.get("hmget", 0) - scripts
+    # reads spent on copies that ran nothing: dropped ones, minus those dropped from the
+    # gate's memory of runs completed here (no read), plus every deferral's read
+    dup_reads = gate.get("duplicate", 0) - gate.get("known_completed", 0) + gate.get("deferred", 0)
+    print("medians over the rounds:")
+    print(f"plain task, pyamqp, 1 broker:       {base_rate:8.0f} tasks/s")
+    print(f"BeetleTask, beetle://, 2 copies:    {rate:8.0f} tasks/s")
+    print(f"ratio (target >= 0.8):              {rate / base_rate:8.2f}")
+    print(f"round trips per redundant pair (target <= 4): {trips / tasks:.2f}  (store counters)")
+    print(f"  from INFO commandstats: {wire / tasks:.2f}  (last round; {calls})")
+    if gate.get("duplicate"):
+        print(
+            f"round trips per dropped duplicate (target <= 1): "
+            f"{dup_reads / gate['duplicate']:.2f}  (gate reads that ran nothing / duplicates)"
+        )
+    print(f"gate: {gate}")
+
+
+if __name__ == "__main__":
+    main()

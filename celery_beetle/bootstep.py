@@ -1,0 +1,247 @@
+"""The consumer bootstep that puts the gate in front of every BeetleTask's strategy.
+
+Celery hands each task message to the task's *strategy* (``consumer.strategies[name]``),
+in the worker's main process, before a pool slot is involved. This step runs after Celery's
+``Tasks`` step has built the strategies (on every consumer start: they are rebuilt after a
+reconnect) and wraps those of BeetleTasks so that each delivery passes through
+:class:`~celery_beetle.gate.DeliveryGate` first. Plain tasks keep Celery's strategy as is.
+
+At construction (worker start, before any message) it reads and validates the settings and
+every BeetleTask's options, raising :class:`celery.exceptions.ImproperlyConfigured` with the
+reason, and derives each BeetleTask's time limits from its lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from celery import bootsteps
+from celery.exceptions import ImproperlyConfigured, InvalidTaskError
+from celery.worker.request import Request
+from kombu.exceptions import ContentDisallowed, DecodeError
+
+from celery_beetle.deadletter import dead_letter_headers, publish_dead_letter
+from celery_beetle.gate import COMPLETED_MARK, FACTS_HEADER, BadInput, DeliveryGate
+from celery_beetle.redis_health import RedisProbe
+from celery_beetle.retry_queue import RawMessage
+from celery_beetle.settings import BeetleSettings
+from celery_beetle.store import RedisStore
+from celery_beetle.task import is_beetle_task
+from kombu_beetle.trace import get_tracer
+
+__all__ = ["BeetleGateStep", "BeetleRequest", "load_settings"]
+
+logger = logging.getLogger(__name__)
+
+#: The main process's store waits this long for Redis before pausing the consumer.
+GATE_SOCKET_TIMEOUT_S = 2.0
+
+
+def load_settings(app: Any) -> BeetleSettings:
+    """The app's beetle settings and each BeetleTask's options, validated; or a clear error."""
+    try:
+        settings = BeetleSettings.from_app(app)
+        for task in app.tasks.values():
+            if is_beetle_task(task):
+                task.apply_beetle_time_limits()
+    except (ValueError, TypeError) as exc:
+        raise ImproperlyConfigured(f"celery_beetle: {exc}") from exc
+    return settings
+
+
+class BeetleGateStep(bootsteps.StartStopStep):
+    """Gate BeetleTask deliveries in the main process (see :mod:`celery_beetle.gate`)."""
+
+    name = "celery_beetle.bootstep.BeetleGateStep"
+    label = "Beetle gate"
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        super().__init__(c, **kwargs)
+        self.settings = load_settings(c.app)
+        self.store: RedisStore | None = None
+        self.probe: RedisProbe | None = None
+        self.gate: DeliveryGate | None = None
+        self.queue_names: dict[str, str] = {}
+        c.beetle_gate = self
+
+    def start(self, c: Any) -> None:
+        if self.gate is None:
+            self.gate = self._make_gate(c)
+        else:
+            self.gate.reset()
+        self.queue_names = {}
+        gated = []
+        for name, task in c.app.tasks.items():
+            strategy = c.strategies.get(name)
+            if strategy is not None and is_beetle_task(task):
+                if not getattr(strategy, "beetle_gated", False):
+                    c.strategies[name] = gated_strategy(strategy, name, self.gate, c)
+                gated.append(name)
+        if "on_unknown_task" not in vars(c):
+            c.on_unknown_task = self._unknown_task_handler(c, c.on_unknown_task)
+        logger.info("beetle: gating %d task(s): %s", len(gated), ", ".join(sorted(gated)))
+
+    def stop(self, c: Any) -> None:
+        if self.gate is not None:
+            self.gate.reset()
+
+    def shutdown(self, c: Any) -> None:
+        self.stop(c)
+        for closable in (self.store, self.probe):
+            if closable is not None:
+                try:
+                    closable.close()
+                except Exception:
+                    pass
+
+    # -- wiring ----------------------------------------------------------------------------
+
+    def _make_gate(self, c: Any) -> DeliveryGate:
+        settings = self.settings
+        self.store = RedisStore.from_url(
+            settings.redis_url,
+            key_prefix=settings.key_prefix,
+            ttl_margin_ms=settings.key_ttl_margin_ms,
+            socket_timeout=GATE_SOCKET_TIMEOUT_S,
+            socket_connect_timeout=GATE_SOCKET_TIMEOUT_S,
+        )
+        self.probe = RedisProbe(settings.redis_url)
+
+        def call_later(seconds: float, fn: Callable[[], None]) -> Any:
+            if seconds <= 0 and getattr(c, "hub", None) is not None:
+                return c.hub.call_soon(fn)
+            return c.timer.call_after(max(seconds, 0.0), fn)
+
+        return DeliveryGate(
+            store=self.store,
+            call_later=call_later,
+            qos=lambda: c.qos,
+            dead_letter=lambda message, queue, reason, detail: dead_letter_delivery(
+                c.app, message, queue, reason, detail
+            ),
+            queue_of=lambda message: self.queue_of(c, message),
+            probe=self.probe,
+            tracer=get_tracer(settings.trace_dir, role="worker"),
+            message_ttl_ms=settings.message_ttl_ms,
+            worker=getattr(c, "hostname", None),
+        )
+
+    def queue_of(self, c: Any, message: Any) -> str:
+        """The queue a delivery came from: its consumer tag names it (kombu_beetle uses one
+        tag per queue on every broker); the routing key if the tag is unknown."""
+        info = message.delivery_info or {}
+        tag = info.get("consumer_tag")
+        queue = self.queue_names.get(tag) if tag else None
+        if queue is None and tag:
+            active = getattr(c.task_consumer, "_active_tags", {}) or {}
+            self.queue_names = {t: q for q, t in active.items()}
+            queue = self.queue_names.get(tag)
+        return queue or info.get("routing_key") or "celery"
+
+    def _unknown_task_handler(
+        self, c: Any, original: Callable[[Any, Any, Any], None]
+    ) -> Callable[[Any, Any, Any], None]:
+        def on_unknown_task(body: Any, message: Any, exc: Any) -> None:
+            try:
+                dead_letter_delivery(
+                    c.app,
+                    message,
+                    self.queue_of(c, message),
+                    BadInput.UNKNOWN_TASK.value,
+                    repr(exc),
+                )
+            except Exception as pub_exc:
+                logger.error("beetle: could not dead-letter an unknown task: %r", pub_exc)
+            original(body, message, exc)
+
+        return on_unknown_task
+
+
+class BeetleRequest(Request):
+    """Celery's request, telling the gate when a run completed (BeetleTask's ``Request``).
+
+    The gate holds the second copy of a message while the first runs on this worker. When
+    the first is acked after a successful run, the record is completed (the pool stored it
+    before returning), so the second copy can be dropped without reading Redis. Celery acks
+    through ``acknowledge()`` on every path; only success gets there without passing
+    ``on_failure``, ``on_retry``, a hard ``on_timeout`` or ``_announce_revoked``, which
+    mark the run as not completed. The mark goes into the gate's header of the delivery.
+    """
+
+    _beetle_not_completed = False
+
+    def on_failure(self, *args: Any, **kwargs: Any) -> Any:
+        self._beetle_not_completed = True
+        return super().on_failure(*args, **kwargs)
+
+    def on_retry(self, *args: Any, **kwargs: Any) -> Any:
+        self._beetle_not_completed = True
+        return super().on_retry(*args, **kwargs)
+
+    def on_timeout(self, soft: bool, timeout: float) -> Any:
+        if not soft:
+            self._beetle_not_completed = True
+        return super().on_timeout(soft, timeout)
+
+    def _announce_revoked(self, *args: Any, **kwargs: Any) -> Any:
+        self._beetle_not_completed = True
+        return super()._announce_revoked(*args, **kwargs)
+
+    def acknowledge(self) -> None:
+        # an early ack (acks_late turned off) comes before the run: it proves nothing
+        if not self.acknowledged and not self._beetle_not_completed and self.task.acks_late:
+            facts = (self.message.headers or {}).get(FACTS_HEADER)
+            if isinstance(facts, dict):
+                facts[COMPLETED_MARK] = True
+        super().acknowledge()
+
+
+def gated_strategy(strategy: Any, task_name: str, gate: DeliveryGate, consumer: Any) -> Any:
+    """``strategy`` behind the gate. Errors Celery's message handler would catch around a
+    strategy call are caught here, because a deferred delivery starts from a timer."""
+
+    def beetle_strategy(
+        message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kwargs: Any
+    ) -> None:
+        def start(done: Callable[[], None]) -> None:
+            def on_ack(*args: Any, **kw: Any) -> Any:
+                try:
+                    return ack(*args, **kw)
+                finally:
+                    done()
+
+            def on_reject(*args: Any, **kw: Any) -> Any:
+                try:
+                    return reject(*args, **kw)
+                finally:
+                    done()
+
+            try:
+                strategy(message, body, on_ack, on_reject, callbacks, **kwargs)
+            except (InvalidTaskError, ContentDisallowed) as exc:
+                done()
+                consumer.on_invalid_task(body, message, exc)
+            except DecodeError as exc:
+                done()
+                consumer.on_decode_error(message, exc)
+
+        gate.handle(message, task_name, start)
+
+    beetle_strategy.beetle_gated = True  # type: ignore[attr-defined]
+    beetle_strategy.__wrapped__ = strategy  # type: ignore[attr-defined]
+    return beetle_strategy
+
+
+def dead_letter_delivery(app: Any, message: Any, queue: str, reason: str, detail: str) -> None:
+    """Publish a delivery the gate cannot take to ``<queue>.dead`` (main process)."""
+    raw = RawMessage.from_delivery(message)
+    headers = dead_letter_headers(
+        reason, queue, detail=detail, worker=f"{socket.gethostname()}:{os.getpid()}"
+    )
+    with app.producer_or_acquire() as producer:
+        publish_dead_letter(producer, raw, queue, headers)

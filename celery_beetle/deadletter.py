@@ -1,0 +1,117 @@
+"""The dead-letter queue: where a message goes when it will not run again.
+
+A message is dead-lettered when its task gives up (past ``attempts`` or ``exceptions``, or an
+exception not in ``retry_on``: :class:`~celery_beetle.outcome.GiveUpReason`), or when the
+worker cannot even gate it (no ``message_id``, a body that does not decode, an unknown task:
+:class:`~celery_beetle.gate.BadInput`). It goes to ``<queue>.dead``, a plain durable queue
+declared on first use, with its body, headers and properties unchanged and these headers
+added, so an operator can see why without reading worker logs:
+
+===========================  ==============================================================
+``x-beetle-dead-reason``     ``attempts_limit``, ``exceptions_limit``, ``not_retryable``,
+                             ``no_message_id``, ``undecodable``, ``unknown_task``
+``x-beetle-dead-queue``      the queue it was consumed from (where a replay sends it)
+``x-beetle-dead-exception``  the exception's type (module-qualified) and
+``x-beetle-dead-message``    its message (at most 1000 characters)
+``x-beetle-dead-traceback``  the last frames, one ``file:line in function`` per line
+``x-beetle-dead-attempts``   runs so far, and ``x-beetle-dead-exceptions``: failures so far
+``x-beetle-dead-at``         when, unix ms; ``x-beetle-dead-worker``: who
+``x-beetle-dead-flags``      the original ``x-beetle-flags``
+===========================  ==============================================================
+
+The dead letter is published once (not redundantly): it is evidence for an operator, and two
+copies of it would be replayed twice. ``x-beetle-dead-flags`` keeps the original flags so
+a replay can publish it redundantly again.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import traceback
+from typing import Any
+
+from celery_beetle.retry_queue import RawMessage, republish
+from kombu_beetle.envelope import FLAGS_HEADER
+
+__all__ = ["DEAD_HEADERS", "dead_letter_headers", "dead_letter_queue_name", "publish_dead_letter"]
+
+PREFIX = "x-beetle-dead-"
+DEAD_HEADERS = tuple(
+    PREFIX + name
+    for name in (
+        "reason",
+        "queue",
+        "exception",
+        "message",
+        "traceback",
+        "attempts",
+        "exceptions",
+        "at",
+        "worker",
+        "flags",
+    )
+)
+_MAX_MESSAGE = 1000
+_MAX_FRAMES = 8
+
+
+def dead_letter_queue_name(queue: str) -> str:
+    return f"{queue}.dead"
+
+
+def dead_letter_headers(
+    reason: str,
+    queue: str,
+    exc: BaseException | None = None,
+    *,
+    detail: str = "",
+    attempts: int | None = None,
+    exceptions: int | None = None,
+    worker: str | None = None,
+    now_ms: int | None = None,
+) -> dict[str, Any]:
+    """The ``x-beetle-dead-*`` headers for a message given up for ``reason``."""
+    headers: dict[str, Any] = {
+        PREFIX + "reason": reason,
+        PREFIX + "queue": queue,
+        PREFIX + "at": now_ms if now_ms is not None else time.time_ns() // 1_000_000,
+        PREFIX + "worker": worker or f"{socket.gethostname()}:{os.getpid()}",
+    }
+    if exc is not None:
+        cls = type(exc)
+        headers[PREFIX + "exception"] = f"{cls.__module__}.{cls.__qualname__}"
+        headers[PREFIX + "message"] = str(exc)[:_MAX_MESSAGE]
+        headers[PREFIX + "traceback"] = traceback_summary(exc)
+    elif detail:
+        headers[PREFIX + "message"] = detail[:_MAX_MESSAGE]
+    if attempts is not None:
+        headers[PREFIX + "attempts"] = attempts
+    if exceptions is not None:
+        headers[PREFIX + "exceptions"] = exceptions
+    return headers
+
+
+def traceback_summary(exc: BaseException) -> str:
+    """The innermost frames, short enough for a header (RabbitMQ keeps headers in memory)."""
+    frames = traceback.extract_tb(exc.__traceback__)[-_MAX_FRAMES:]
+    return "\n".join(f"{f.filename}:{f.lineno} in {f.name}" for f in frames)
+
+
+def publish_dead_letter(
+    producer: Any, raw: RawMessage, queue: str, dead_headers: dict[str, Any]
+) -> str:
+    """Publish ``raw`` to ``<queue>.dead`` with ``dead_headers``; returns the queue name."""
+    headers = dict(raw.headers)
+    flags = headers.pop(FLAGS_HEADER, None)
+    if flags is not None:
+        headers[PREFIX + "flags"] = flags
+    headers.update(dead_headers)
+    name = dead_letter_queue_name(queue)
+    republish(
+        producer,
+        RawMessage(raw.body, raw.content_type, raw.content_encoding, headers, raw.properties),
+        name,
+    )
+    return name

@@ -1,0 +1,452 @@
+"""The gate: what the worker's main process does with a BeetleTask delivery before the pool.
+
+Every copy of every redundant message reaches the worker; only one may run. The gate looks at
+each delivery with at most one Redis read, and either lets it through to Celery's strategy
+(and so to the pool), or keeps it from ever taking a pool slot:
+
+=================  =====================================================================
+what it finds      what it does
+=================  =====================================================================
+nothing, a lease   **run**: hand the delivery to the task's strategy; the pool claims it
+that ran out, or
+a retry now due
+completed, failed  **duplicate**: ack and drop. A message seen completed (read, or run here:
+                   :class:`~celery_beetle.bootstep.BeetleRequest` marks a successful run)
+                   is remembered for a minute, so its other copy is dropped without a read
+running (a live    **defer**: keep the delivery unacked, raise the prefetch window by one
+lease) or delayed  (as Celery does for ETA tasks) and look again on a timer when the lease
+(retry later)      ends or the retry is due. The copy is acked only once the message is
+                   done, so it survives the death of the broker that holds the other copy
+its twin running   **wait**: the other copy went to the pool from *this* worker and has not
+here               been acked yet; no Redis read. When that run completes, the waiting copy
+                   is dropped at once; after any other ending (retry, failure, a lease
+                   taken over) it goes through the gate again. This is what makes a
+                   redundant pair cost 3 round trips (read, claim, complete) and no pool
+                   slot for the second copy, though both copies arrive almost together
+expired            **expired**: ack and drop, without asking Redis
+Redis unreachable  **park**: keep the delivery unacked and unprocessed, and stop asking
+                   Redis: every later delivery is parked too. Parked deliveries do not
+                   widen the prefetch window, so the brokers stop sending once it is full,
+                   which is how the worker "stops taking messages". A probe runs on a timer;
+                   when Redis answers, every parked delivery goes through the gate again
+bad input          **dead-letter** (no ``message_id``, a body that does not decode): publish
+                   it to ``<queue>.dead`` with the reason, ack, log
+=================  =====================================================================
+
+Nothing here imports Celery: the consumer bootstep (:mod:`celery_beetle.bootstep`) gives the
+gate a timer, the prefetch QoS, a dead-letter publisher and the task strategy to start; unit
+tests give it fakes and a :class:`~celery_beetle.fake_store.FakeStore`.
+
+The gate writes its findings for the pool into the delivery's headers under
+:data:`FACTS_HEADER` (Celery copies message headers into ``task.request``), so the claim in
+the pool uses the same queue, ``message_id`` and expiry as the gate did.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from celery_beetle.outcome import Gate as Verdict
+from celery_beetle.redis_health import STORE_ERRORS
+from celery_beetle.state import MessageFacts, Status
+from celery_beetle.store import Store, wall_clock_ms
+from kombu_beetle.envelope import EXPIRES_AT_HEADER, PUBLISHED_AT_HEADER
+from kombu_beetle.trace import NullTracer
+
+__all__ = [
+    "COMPLETED_MARK",
+    "FACTS_HEADER",
+    "BadInput",
+    "DeliveryGate",
+    "facts_from_headers",
+    "message_facts",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Header the gate adds to a delivery for the pool: ``{"queue", "message_id", "expires_at_ms"}``.
+#: It is stripped again before a message is republished (retry, dead letter).
+FACTS_HEADER = "beetle_facts"
+#: Set in that header by :class:`~celery_beetle.bootstep.BeetleRequest` when the run
+#: completed, so the gate can drop the other copy without asking Redis.
+COMPLETED_MARK = "completed"
+
+
+class BadInput(str, enum.Enum):
+    """Why a delivery cannot be gated; the value goes into the dead letter's headers."""
+
+    NO_MESSAGE_ID = "no_message_id"
+    UNDECODABLE = "undecodable"
+    UNKNOWN_TASK = "unknown_task"
+
+
+class QoSLike(Protocol):
+    def increment_eventually(self, n: int = 1) -> int: ...
+
+    def decrement_eventually(self, n: int = 1) -> int: ...
+
+
+def message_facts(
+    queue: str,
+    message_id: str,
+    headers: dict[str, Any] | None,
+    default_ttl_ms: int,
+    now_ms: int,
+) -> MessageFacts:
+    """The dedup identity and expiry of a delivery.
+
+    The expiry is ``x-beetle-expires-at`` (unix seconds) when the transport stamped one;
+    otherwise (a non-redundant BeetleTask) the publish time, or now, plus the default TTL.
+    """
+    headers = headers or {}
+    expires_at_ms = _ms(headers.get(EXPIRES_AT_HEADER), 1000)
+    if expires_at_ms is None:
+        published_ms = _ms(headers.get(PUBLISHED_AT_HEADER), 1) or now_ms
+        expires_at_ms = published_ms + default_ttl_ms
+    return MessageFacts(queue=queue, message_id=message_id, expires_at_ms=expires_at_ms)
+
+
+def facts_from_headers(value: Any) -> MessageFacts | None:
+    """Read back what the gate wrote under :data:`FACTS_HEADER`; None if absent or garbled."""
+    if not isinstance(value, dict):
+        return None
+    try:
+        return MessageFacts(
+            queue=str(value["queue"]),
+            message_id=str(value["message_id"]),
+            expires_at_ms=int(value["expires_at_ms"]),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _ms(value: Any, scale: int) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(float(value) * scale)
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass(eq=False)
+class Delivery:
+    """One delivery held by the gate, and how to start it when its turn comes."""
+
+    message: Any
+    task_name: str
+    facts: MessageFacts
+    start: Callable[[Callable[[], None]], None]
+    generation: int
+    qos: QoSLike | None = None  # the QoS whose window it widened while deferred
+    rechecks: int = 0
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.facts.queue, self.facts.message_id)
+
+
+@dataclass
+class DeliveryGate:
+    """The main-process gate. One per worker consumer; everything runs on its event loop.
+
+    - ``store``: the dedup store (one ``gate()`` read per look).
+    - ``call_later(seconds, fn)``: a timer on the event loop (0 = soon).
+    - ``qos()``: the consumer's prefetch QoS now (it changes when the consumer restarts).
+    - ``dead_letter(message, queue, reason, detail)``: publish a bad delivery to its
+      dead-letter queue (the caller acks it after).
+    - ``queue_of(message)``: the queue a delivery was consumed from.
+    - ``probe()``: True once Redis answers again (used while paused).
+    """
+
+    store: Store
+    call_later: Callable[[float, Callable[[], None]], Any]
+    qos: Callable[[], QoSLike | None]
+    dead_letter: Callable[[Any, str, str, str], None]
+    queue_of: Callable[[Any], str]
+    probe: Callable[[], bool]
+    tracer: Any = field(default_factory=NullTracer)
+    message_ttl_ms: int = 86_400_000
+    clock: Callable[[], int] = wall_clock_ms
+    #: a copy deferred under a running lease is looked at again after this, then doubling
+    recheck_min_s: float = 0.5
+    #: a deferred copy is looked at again at least this often, even under a long lease
+    recheck_max_s: float = 30.0
+    probe_interval_s: float = 1.0
+    #: how many runs that completed here, and for how long, the gate remembers
+    completed_memory_size: int = 10_000
+    completed_memory_ms: int = 60_000
+    worker: str | None = None
+    stats: Counter[str] = field(default_factory=Counter)
+    paused: bool = False
+
+    def __post_init__(self) -> None:
+        self.generation = 0
+        self._in_flight: set[tuple[str, str]] = set()
+        self._waiting: dict[tuple[str, str], list[Delivery]] = {}
+        self._parked: list[Delivery] = []
+        self._completed: OrderedDict[tuple[str, str], int] = OrderedDict()
+
+    # -- entry point -----------------------------------------------------------------------
+
+    def handle(
+        self, message: Any, task_name: str, start: Callable[[Callable[[], None]], None]
+    ) -> str:
+        """Gate one delivery. ``start(done)`` hands it to Celery; ``done()`` must be called
+        when its ack or reject happens. Returns what was done, for tests and logs."""
+        self.stats["delivered"] += 1
+        queue = self.queue_of(message)
+        properties = message.properties or {}
+        headers = message.headers if message.headers is not None else {}
+        message_id = properties.get("message_id")
+        self._trace("delivered", message_id or "", queue, task_name, message)
+        if not message_id:
+            return self._bad_input(message, queue, task_name, BadInput.NO_MESSAGE_ID.value, "")
+        try:
+            message.payload  # noqa: B018 (decodes once; Celery reuses the cached result)
+        except Exception as exc:
+            return self._bad_input(message, queue, task_name, BadInput.UNDECODABLE.value, repr(exc))
+        facts = message_facts(queue, str(message_id), headers, self.message_ttl_ms, self.clock())
+        headers[FACTS_HEADER] = {
+            "queue": facts.queue,
+            "message_id": facts.message_id,
+            "expires_at_ms": facts.expires_at_ms,
+        }
+        delivery = Delivery(message, task_name, facts, start, self.generation)
+        if facts.expires_at_ms <= self.clock():
+            return self._drop(delivery, "expired")
+        return self._examine(delivery)
+
+    def reset(self) -> None:
+        """Forget every held delivery: the consumer's connection is going away, so they
+        cannot be acked any more and their brokers will deliver them again."""
+        self.generation += 1
+        self._in_flight.clear()
+        self._waiting.clear()
+        self._parked.clear()
+
+    @property
+    def held(self) -> int:
+        """Deliveries waiting for a twin or parked (deferred ones sit on timers)."""
+        return sum(len(w) for w in self._waiting.values()) + len(self._parked)
+
+    # -- the decision ------------------------------------------------------------------------
+
+    def _examine(self, d: Delivery) -> str:
+        if self.paused:
+            self._parked.append(d)
+            self.stats["parked"] += 1
+            return "parked"
+        if d.key in self._in_flight:
+            self._waiting.setdefault(d.key, []).append(d)
+            self.stats["waiting"] += 1
+            return "waiting"
+        if self._completed_here(d.key):
+            self.stats["known_completed"] += 1
+            return self._drop(d, "duplicate", status=Status.COMPLETED)
+        try:
+            decision = self.store.gate(d.facts)
+        except STORE_ERRORS as exc:
+            self._pause(exc)
+            self._parked.append(d)
+            self.stats["parked"] += 1
+            return "parked"
+        if decision.outcome is Verdict.RUN:
+            return self._run(d)
+        if decision.outcome is Verdict.DROP_DUPLICATE:
+            if decision.status is Status.COMPLETED:
+                self._remember_completed(d.key)  # its twin, if it comes here, costs no read
+            return self._drop(d, "duplicate", status=decision.status)
+        if decision.outcome is Verdict.DROP_EXPIRED:
+            return self._drop(d, "expired")
+        return self._defer(d, decision.delay_ms, running=decision.status is Status.RUNNING)
+
+    def _run(self, d: Delivery) -> str:
+        key = d.key
+        self._in_flight.add(key)
+        self.stats["run"] += 1
+        finished = False
+
+        def done() -> None:
+            nonlocal finished
+            if not finished:
+                finished = True
+                facts = (d.message.headers or {}).get(FACTS_HEADER)
+                completed = isinstance(facts, dict) and bool(facts.get(COMPLETED_MARK))
+                self._finished(key, d.generation, completed)
+
+        try:
+            d.start(done)
+        except BaseException:
+            done()
+            raise
+        return "run"
+
+    def _finished(self, key: tuple[str, str], generation: int, completed: bool) -> None:
+        if generation != self.generation:
+            return
+        self._in_flight.discard(key)
+        if completed:
+            self._remember_completed(key)
+        waiters = self._waiting.pop(key, None)
+        if not waiters:
+            return
+        if completed:  # duplicates for sure: ack them now, no timer, no read
+            for d in waiters:
+                self.stats["known_completed"] += 1
+                self._drop(d, "duplicate", status=Status.COMPLETED)
+            return
+        self.call_later(0, lambda: self._wake(waiters))
+
+    def _remember_completed(self, key: tuple[str, str]) -> None:
+        """Keep a run that completed here in mind for a while: its other copy usually
+        arrives within milliseconds and can then be dropped without a Redis read. A
+        completed record never changes, so the memory cannot be wrong, only forgotten."""
+        completed = self._completed
+        completed[key] = self.clock() + self.completed_memory_ms
+        completed.move_to_end(key)
+        while len(completed) > self.completed_memory_size:
+            completed.popitem(last=False)
+
+    def _completed_here(self, key: tuple[str, str]) -> bool:
+        until = self._completed.get(key)
+        if until is None:
+            return False
+        if until < self.clock():
+            del self._completed[key]
+            return False
+        return True
+
+    def _wake(self, waiters: list[Delivery]) -> None:
+        for d in waiters:
+            if d.generation == self.generation:
+                self._examine(d)
+
+    def _drop(self, d: Delivery, event: str, status: Any = None) -> str:
+        self.stats[event] += 1
+        detail = {"status": status.value} if status is not None else None
+        self._trace(event, d.facts.message_id, d.facts.queue, d.task_name, d.message, detail)
+        _ack(d.message)
+        return event
+
+    def _defer(self, d: Delivery, delay_ms: int, running: bool) -> str:
+        """Hold ``d`` until the lease ends or the retry is due. A run elsewhere usually ends
+        long before its lease does, so under a lease the copy is looked at again after
+        0.5 s, 1 s, 2 s, ... (not later than the lease's end): its ack, and the memory
+        and prefetch slot it holds, need not wait for a lease sized for the worst case."""
+        self.stats["deferred"] += 1
+        qos = self.qos()
+        if qos is not None:
+            qos.increment_eventually()
+            d.qos = qos
+        wait_s = max(delay_ms, 0) / 1000
+        if running:
+            wait_s = min(wait_s, self.recheck_min_s * 2**d.rechecks)
+        d.rechecks += 1
+        delay_s = min(wait_s, self.recheck_max_s) + 0.02
+        detail = {"delay_s": round(delay_ms / 1000, 3)}
+        self._trace("deferred", d.facts.message_id, d.facts.queue, d.task_name, d.message, detail)
+        self.call_later(delay_s, lambda: self._recheck(d))
+        return "deferred"
+
+    def _recheck(self, d: Delivery) -> None:
+        if d.generation != self.generation:
+            return
+        if d.qos is not None:
+            d.qos.decrement_eventually()
+            d.qos = None
+        if not _channel_open(d.message):
+            # its broker went away; the broker delivers it again when it comes back
+            self.stats["forgotten"] += 1
+            return
+        self._examine(d)
+
+    # -- Redis down --------------------------------------------------------------------------
+
+    def _pause(self, exc: BaseException) -> None:
+        if self.paused:
+            return
+        self.paused = True
+        self.stats["pauses"] += 1
+        logger.error(
+            "beetle: the dedup store is unreachable (%r): no task runs without a claim, so this "
+            "worker holds its deliveries unacked and takes no new ones until Redis answers",
+            exc,
+        )
+        self.call_later(self.probe_interval_s, self._probe_tick)
+
+    def _probe_tick(self) -> None:
+        if not self.paused:
+            return
+        if not self.probe():
+            self.call_later(self.probe_interval_s, self._probe_tick)
+            return
+        self.paused = False
+        parked, self._parked = self._parked, []
+        logger.warning("beetle: the dedup store answers again; resuming %d deliveries", len(parked))
+        for d in parked:
+            if d.generation == self.generation:
+                self._examine(d)
+
+    # -- bad input ---------------------------------------------------------------------------
+
+    def _bad_input(self, message: Any, queue: str, task_name: str, reason: str, detail: str) -> str:
+        self.stats["bad_input"] += 1
+        logger.error(
+            "beetle: dead-lettering a %s message on queue %r (%s): %s %s",
+            task_name,
+            queue,
+            reason,
+            detail,
+            {k: v for k, v in (message.properties or {}).items() if k != "application_headers"},
+        )
+        try:
+            self.dead_letter(message, queue, reason, detail)
+        except Exception as exc:
+            logger.error("beetle: could not dead-letter the message (%r); dropping it", exc)
+        _ack(message)
+        return "bad_input"
+
+    def _trace(
+        self,
+        event: str,
+        message_id: str,
+        queue: str,
+        task_name: str,
+        message: Any,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        if not getattr(self.tracer, "enabled", False):
+            return
+        info = message.delivery_info or {}
+        if event == "delivered":
+            detail = {"redelivered": bool(info.get("redelivered"))}
+        self.tracer.emit(
+            event,
+            message_id,
+            queue=queue,
+            task_name=task_name,
+            task_id=(message.headers or {}).get("id"),
+            broker=info.get("beetle_broker"),
+            worker=self.worker,
+            detail=detail,
+        )
+
+
+def _ack(message: Any) -> None:
+    try:
+        message.ack()
+    except Exception as exc:  # a dead broker's ack is lost; that broker redelivers
+        logger.debug("beetle: ack failed: %r", exc)
+
+
+def _channel_open(message: Any) -> bool:
+    channel = getattr(message, "channel", None)
+    if channel is None:
+        return True
+    return bool(getattr(channel, "is_open", True)) and getattr(channel, "connection", 1) is not None

@@ -1,0 +1,104 @@
+"""A Celery app for exactly-once worker subprocesses (tests/exactly_once).
+
+:func:`make_app` builds it; the module-level ``app`` (what ``celery -A`` loads) is configured
+from the environment, so one module serves every scenario, and tests build their own
+publisher with :func:`make_app` on the same brokers:
+
+- ``BEETLE_TEST_URL`` broker URL, ``BEETLE_TEST_OPTIONS`` JSON transport options,
+  ``BEETLE_TEST_QUEUE`` the queue, ``BEETLE_TEST_REDIS`` the dedup store,
+  ``BEETLE_TEST_BACKEND`` an optional result backend, ``BEETLE_TEST_TRACE`` a trace dir;
+- ``BEETLE_TEST_TASK`` JSON BeetleTask options for the ``eo.*`` tasks
+  (``timeout``, ``attempts``, ``exceptions``, ``delay``, ``max_delay``);
+- ``BEETLE_TEST_SLOW`` a factor on ``eo.record``'s sleep (``0`` for a worker that must not
+  sleep, e.g. the one taking over from a worker killed mid-sleep);
+- ``BEETLE_TEST_OUT`` a file every run appends lines to:
+  ``<event> <item> <pid> <unix time>``, event ``start`` or ``done``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from celery import Celery
+
+import celery_beetle
+from celery_beetle import BeetleTask
+
+DEFAULT_OPTIONS: dict[str, Any] = {
+    "timeout": 10,
+    "attempts": 3,
+    "exceptions": 2,
+    "delay": 0.5,
+    "max_delay": 2,
+}
+
+
+def make_app(
+    broker_url: str,
+    redis_url: str,
+    *,
+    transport_options: dict[str, Any] | None = None,
+    queue: str = "celery",
+    backend: str | None = None,
+    trace_dir: str | None = None,
+    task_options: dict[str, Any] | None = None,
+    out: str = "/dev/null",
+) -> Celery:
+    app = Celery("beetle_eo", broker=broker_url, set_as_current=False)
+    app.conf.broker_transport_options = transport_options or {}
+    app.conf.task_default_queue = queue
+    app.conf.worker_prefetch_multiplier = 4
+    app.conf.broker_connection_retry_on_startup = True
+    app.conf.worker_hijack_root_logger = False
+    app.conf.result_backend = backend or None
+    app.conf.beetle_redis_url = redis_url
+    app.conf.beetle_trace_dir = trace_dir or None
+    celery_beetle.install(app)
+    options = {**DEFAULT_OPTIONS, **(task_options or {})}
+
+    def note(event: str, item: int) -> None:
+        with open(out, "a") as f:
+            f.write(f"{event} {item} {os.getpid()} {time.time():.3f}\n")
+
+    @app.task(base=BeetleTask, name="eo.record", shared=False, **options)
+    def record(item: int, sleep_s: float = 0.0) -> int:
+        note("start", item)
+        if sleep_s:
+            time.sleep(sleep_s * float(os.environ.get("BEETLE_TEST_SLOW", "1")))
+        note("done", item)
+        return item
+
+    @app.task(base=BeetleTask, name="eo.flaky", shared=False, **options)
+    def flaky(item: int) -> None:
+        note("start", item)
+        raise RuntimeError(f"flaky {item} fails every time")
+
+    @app.task(
+        base=BeetleTask, name="eo.picky", shared=False, **{**options, "retry_on": (ValueError,)}
+    )
+    def picky(item: int) -> None:
+        note("start", item)
+        raise KeyError(f"picky {item} is not worth a retry")
+
+    @app.task(name="eo.plain", shared=False)
+    def plain(item: int) -> int:
+        note("start", item)
+        note("done", item)
+        return item
+
+    return app
+
+
+app = make_app(
+    os.environ.get("BEETLE_TEST_URL", "beetle://"),
+    os.environ.get("BEETLE_TEST_REDIS", "redis://localhost:6379/15"),
+    transport_options=json.loads(os.environ.get("BEETLE_TEST_OPTIONS", "{}")),
+    queue=os.environ.get("BEETLE_TEST_QUEUE", "celery"),
+    backend=os.environ.get("BEETLE_TEST_BACKEND"),
+    trace_dir=os.environ.get("BEETLE_TEST_TRACE"),
+    task_options=json.loads(os.environ.get("BEETLE_TEST_TASK", "{}")),
+    out=os.environ.get("BEETLE_TEST_OUT", "/dev/null"),
+)

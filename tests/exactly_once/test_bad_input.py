@@ -1,0 +1,71 @@
+"""Bad input is dead-lettered (or, if expired, dropped) with a reason; the worker carries on."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pika
+
+from tests.exactly_once.conftest import counts, wait_until
+
+
+def _publish(node, vhost: str, *, task: str, body: bytes, message_id: str | None, **headers):
+    task_id = str(uuid.uuid4())
+    properties = pika.BasicProperties(
+        content_type="application/json",
+        content_encoding="utf-8",
+        message_id=message_id,
+        delivery_mode=2,
+        headers={"lang": "py", "task": task, "id": task_id, **headers},
+    )
+    connection = node.connect(vhost)
+    try:
+        connection.channel().basic_publish("", "celery", body, properties)
+    finally:
+        connection.close()
+    return task_id
+
+
+def _body(*args) -> bytes:
+    return json.dumps([list(args), {}, {"callbacks": None, "errbacks": None}]).encode()
+
+
+def _dead_letters(brokers) -> dict[str, dict]:
+    found = {}
+    for node in brokers.nodes:
+        if "celery.dead" in node.queue_depths(brokers.vhost):
+            for _, properties, _ in node.get_messages(brokers.vhost, "celery.dead"):
+                found[properties.headers["id"]] = properties.headers
+    return found
+
+
+def test_bad_input_is_dead_lettered_or_dropped_with_a_reason_and_the_worker_keeps_running(
+    brokers, client, eo_worker
+):
+    worker = eo_worker()
+    node, vhost = brokers.nodes[0], brokers.vhost
+    no_id = _publish(node, vhost, task="eo.record", body=_body(101), message_id=None)
+    unknown = _publish(node, vhost, task="eo.nope", body=_body(102), message_id="m-102")
+    garbled = _publish(node, vhost, task="eo.record", body=b"{not json", message_id="m-103")
+    _publish(
+        node,
+        vhost,
+        task="eo.record",
+        body=_body(104),
+        message_id="m-104",
+        **{"x-beetle-expires-at": int(time.time()) - 10},
+    )
+    client().tasks["eo.record"].delay(105)
+    assert wait_until(lambda: counts([worker])[105] == 1, timeout=20)
+    time.sleep(0.5)
+    assert worker.alive()
+    assert set(counts([worker], "start")) == {105}
+    dead = _dead_letters(brokers)
+    assert dead[no_id]["x-beetle-dead-reason"] == "no_message_id"
+    assert dead[unknown]["x-beetle-dead-reason"] == "unknown_task"
+    assert dead[garbled]["x-beetle-dead-reason"] == "undecodable"
+    assert len(dead) == 3, "the expired message is dropped, not dead-lettered"
+    for node in brokers.nodes:
+        assert node.queue_depths(brokers.vhost).get("celery", (0, 0)) == (0, 0)

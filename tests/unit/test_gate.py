@@ -1,0 +1,312 @@
+"""The gate's decisions, with a FakeStore, a manual clock and a manual timer: no server."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from celery_beetle.fake_store import FakeStore
+from celery_beetle.gate import FACTS_HEADER, DeliveryGate, facts_from_headers, message_facts
+from celery_beetle.outcome import Limits
+from celery_beetle.state import MessageFacts
+
+NOW_MS = 1_800_000_000_000
+LIMITS = Limits(lease_timeout_ms=10_000, attempts=3, exceptions=2, delay_ms=1_000)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.ms = NOW_MS
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+class Timer:
+    """``call_later`` that runs callbacks only when the test moves the clock."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.entries: list[tuple[int, Callable[[], None]]] = []
+
+    def __call__(self, seconds: float, fn: Callable[[], None]) -> None:
+        self.entries.append((self.clock.ms + int(seconds * 1000), fn))
+
+    def advance(self, seconds: float = 0.0) -> None:
+        self.clock.ms += int(seconds * 1000)
+        while True:
+            due = [e for e in self.entries if e[0] <= self.clock.ms]
+            if not due:
+                return
+            for entry in due:
+                self.entries.remove(entry)
+                entry[1]()
+
+
+class QoS:
+    def __init__(self) -> None:
+        self.extra = 0
+
+    def increment_eventually(self, n: int = 1) -> int:
+        self.extra += n
+        return self.extra
+
+    def decrement_eventually(self, n: int = 1) -> int:
+        self.extra -= n
+        return self.extra
+
+
+class Channel:
+    is_open = True
+    connection = object()
+
+
+class Message:
+    def __init__(
+        self,
+        message_id: str | None = "m1",
+        headers: dict[str, Any] | None = None,
+        decodes: bool = True,
+        broker: str = "rabbit-a",
+    ) -> None:
+        self.headers = {"id": "task-1", "task": "t.beetle", **(headers or {})}
+        self.properties = {"message_id": message_id, "application_headers": self.headers}
+        self.delivery_info = {"routing_key": "jobs", "beetle_broker": broker}
+        self.channel = Channel()
+        self.acks = 0
+        self._decodes = decodes
+
+    @property
+    def payload(self) -> Any:
+        if not self._decodes:
+            raise ValueError("not json")
+        return ((), {}, {})
+
+    def ack(self) -> None:
+        self.acks += 1
+
+
+class DownStore(FakeStore):
+    """A FakeStore that can be switched off like an unreachable Redis."""
+
+    down = False
+
+    def peek(self, queue: str, message_id: str) -> Any:
+        if self.down:
+            raise RedisConnectionError("connection refused")
+        return super().peek(queue, message_id)
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.clock = Clock()
+        self.timer = Timer(self.clock)
+        self.qos = QoS()
+        self.store = DownStore(clock=self.clock)
+        self.dead: list[tuple[Any, str, str, str]] = []
+        self.started: list[tuple[Message, Callable[[], None]]] = []
+        self.redis_answers = True
+        self.gate = DeliveryGate(
+            store=self.store,
+            call_later=self.timer,
+            qos=lambda: self.qos,
+            dead_letter=lambda *args: self.dead.append(args),
+            queue_of=lambda message: message.delivery_info["routing_key"],
+            probe=lambda: self.redis_answers,
+            clock=self.clock,
+        )
+
+    def deliver(self, message: Message) -> str:
+        return self.gate.handle(
+            message, "t.beetle", lambda done: self.started.append((message, done))
+        )
+
+    def facts(self, message_id: str = "m1") -> MessageFacts:
+        return MessageFacts("jobs", message_id, NOW_MS + 86_400_000)
+
+    def run_elsewhere(self, message_id: str = "m1") -> int:
+        claim = self.store.claim(self.facts(message_id), LIMITS, "other-host:1")
+        assert claim.acquired
+        return claim.token
+
+
+@pytest.fixture
+def h() -> Harness:
+    return Harness()
+
+
+def test_first_copy_runs_and_second_copy_waits_for_it_without_reading_redis(h):
+    assert h.deliver(Message(broker="rabbit-a")) == "run"
+    reads = h.store.round_trips
+    assert h.deliver(Message(broker="rabbit-b")) == "waiting"
+    assert h.store.round_trips == reads
+    assert len(h.started) == 1
+    assert h.qos.extra == 0
+
+
+def test_waiting_copy_is_acked_as_a_duplicate_once_its_twin_completes(h):
+    first, second = Message(), Message()
+    h.deliver(first)
+    h.deliver(second)
+    _, done = h.started[0]
+    claim = h.store.claim(h.facts(), LIMITS, "me:1")
+    h.store.complete(h.facts(), claim.token)
+    done()
+    h.timer.advance()
+    assert second.acks == 1
+    assert len(h.started) == 1
+    assert h.store.round_trips == 4, "gate read, claim, complete, gate read of the twin"
+    assert h.gate.stats["duplicate"] == 1
+
+
+def test_copy_of_a_completed_message_is_acked_with_one_read(h):
+    token = h.run_elsewhere()
+    h.store.complete(h.facts(), token)
+    before = h.store.round_trips
+    message = Message()
+    assert h.deliver(message) == "duplicate"
+    assert message.acks == 1
+    assert h.store.round_trips - before == 1
+    assert h.started == []
+
+
+def test_copy_of_a_message_running_elsewhere_is_deferred_with_a_wider_prefetch_window(h):
+    token = h.run_elsewhere()
+    message = Message()
+    assert h.deliver(message) == "deferred"
+    assert message.acks == 0
+    assert h.qos.extra == 1
+    h.timer.advance(0.6)  # rechecked early: still running
+    assert message.acks == 0 and h.qos.extra == 1
+    h.store.complete(h.facts(), token)
+    h.timer.advance(1.1)
+    assert message.acks == 1
+    assert h.qos.extra == 0
+    assert h.started == []
+
+
+def test_deferred_copy_runs_when_the_lease_of_a_dead_worker_runs_out(h):
+    h.run_elsewhere()
+    message = Message()
+    assert h.deliver(message) == "deferred"
+    h.timer.advance(11)
+    assert [m for m, _ in h.started] == [message]
+    assert message.acks == 0
+    assert h.qos.extra == 0
+
+
+def test_copy_of_a_delayed_retry_is_deferred_until_the_retry_is_due(h):
+    token = h.run_elsewhere()
+    h.store.fail(h.facts(), token, LIMITS, retryable=True)
+    message = Message()
+    assert h.deliver(message) == "deferred"
+    h.timer.advance(0.9)
+    assert h.started == []
+    h.timer.advance(0.2)
+    assert [m for m, _ in h.started] == [message]
+
+
+def test_expired_message_is_acked_without_asking_redis(h):
+    message = Message(headers={"x-beetle-expires-at": NOW_MS // 1000 - 1})
+    assert h.deliver(message) == "expired"
+    assert message.acks == 1
+    assert h.store.round_trips == 0
+    assert h.started == []
+
+
+def test_message_without_message_id_is_dead_lettered_and_acked(h):
+    message = Message(message_id=None)
+    assert h.deliver(message) == "bad_input"
+    assert message.acks == 1
+    assert [(m, q, reason) for m, q, reason, _ in h.dead] == [(message, "jobs", "no_message_id")]
+
+
+def test_undecodable_body_is_dead_lettered_and_acked(h):
+    message = Message(decodes=False)
+    assert h.deliver(message) == "bad_input"
+    assert message.acks == 1
+    assert h.dead[0][2] == "undecodable"
+    assert "not json" in h.dead[0][3]
+
+
+def test_redis_down_parks_deliveries_without_widening_prefetch_and_resumes_when_it_answers(h):
+    h.store.down = True
+    h.redis_answers = False
+    first, second = Message("m1"), Message("m2")
+    assert h.deliver(first) == "parked"
+    reads = h.store.round_trips
+    assert h.deliver(second) == "parked"
+    assert h.store.round_trips == reads, "no more Redis calls while paused"
+    assert h.gate.paused
+    assert h.qos.extra == 0
+    h.timer.advance(3)
+    assert h.started == [] and first.acks == 0
+    h.store.down = False
+    h.redis_answers = True
+    h.timer.advance(1)
+    assert not h.gate.paused
+    assert sorted(m.properties["message_id"] for m, _ in h.started) == ["m1", "m2"]
+
+
+def test_reset_forgets_held_deliveries_so_stale_timers_do_nothing(h):
+    h.run_elsewhere()
+    message = Message()
+    h.deliver(message)
+    h.gate.reset()
+    h.timer.advance(11)
+    assert h.started == []
+    assert message.acks == 0
+
+
+def test_deferred_copy_whose_broker_went_away_is_forgotten(h):
+    h.run_elsewhere()
+    message = Message()
+    h.deliver(message)
+    message.channel.is_open = False
+    h.timer.advance(11)
+    assert h.started == []
+    assert h.gate.stats["forgotten"] == 1
+
+
+def test_the_gate_tells_the_pool_its_facts_through_a_header(h):
+    message = Message(headers={"x-beetle-expires-at": NOW_MS // 1000 + 60})
+    h.deliver(message)
+    facts = facts_from_headers(message.headers[FACTS_HEADER])
+    assert facts == MessageFacts("jobs", "m1", NOW_MS + 60_000)
+
+
+def test_message_without_expiry_header_expires_a_default_ttl_after_its_publication():
+    facts = message_facts("q", "id", {"x-beetle-published-at": NOW_MS}, 5_000, NOW_MS + 1)
+    assert facts.expires_at_ms == NOW_MS + 5_000
+    facts = message_facts("q", "id", {}, 5_000, NOW_MS)
+    assert facts.expires_at_ms == NOW_MS + 5_000
+
+
+def test_copy_of_a_run_that_completed_here_is_dropped_without_reading_redis(h):
+    first, second, late = Message(), Message(), Message()
+    h.deliver(first)
+    h.deliver(second)
+    first.headers[FACTS_HEADER]["completed"] = True  # what BeetleRequest marks on success
+    _, done = h.started[0]
+    done()
+    h.timer.advance()
+    h.deliver(late)
+    assert second.acks == 1 and late.acks == 1
+    assert h.store.round_trips == 1, "only the first copy's gate read"
+    assert len(h.started) == 1
+
+
+def test_a_run_that_did_not_complete_here_leaves_the_decision_to_redis(h):
+    first, second = Message(), Message()
+    h.deliver(first)
+    h.deliver(second)
+    token = h.store.claim(h.facts(), LIMITS, "me:1").token
+    h.store.fail(h.facts(), token, LIMITS, retryable=True)
+    _, done = h.started[0]
+    done()
+    h.timer.advance()
+    assert second.acks == 0
+    assert h.gate.stats["deferred"] == 1

@@ -1,0 +1,165 @@
+"""BeetleTask options: resolution against app defaults, validation, time limits, publishing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery import Celery, Task
+from celery.exceptions import ImproperlyConfigured
+
+import celery_beetle
+from celery_beetle import BeetleTask
+from celery_beetle.bootstep import BeetleGateStep, load_settings
+from celery_beetle.outcome import Failure, GiveUpReason, Limits
+from celery_beetle.state import State, Status
+from celery_beetle.task import _applied_failure, is_beetle_task, message_id_for, time_limits_for
+
+
+def make_app(**conf: Any) -> Celery:
+    app = Celery("options", broker="memory://", set_as_current=False)
+    app.conf.beetle_redis_url = "redis://localhost:6379/0"
+    app.conf.update(conf)
+    return celery_beetle.install(app)
+
+
+def test_delay_option_is_kept_as_retry_delay_and_task_delay_still_works():
+    app = make_app()
+
+    @app.task(base=BeetleTask, delay=3, shared=False)
+    def job() -> None: ...
+
+    assert job.retry_delay == 3
+    assert callable(job.delay)
+    assert job.beetle_settings.delay_s == 3
+
+
+def test_task_options_override_the_app_wide_defaults():
+    app = make_app(beetle_default_attempts=5, beetle_default_exceptions=4, beetle_default_delay=7)
+
+    @app.task(base=BeetleTask, attempts=2, exceptions=1, timeout=30, shared=False)
+    def job() -> None: ...
+
+    settings = job.beetle_settings
+    assert (settings.attempts, settings.exceptions, settings.lease_timeout_s) == (2, 1, 30)
+    assert settings.delay_s == 7, "unset options keep the app default"
+
+
+def test_app_wide_defaults_apply_to_tasks_without_options():
+    app = make_app(beetle_default_timeout=42, beetle_default_retry_on=["builtins.ValueError"])
+
+    @app.task(base=BeetleTask, shared=False)
+    def job() -> None: ...
+
+    assert job.beetle_settings.lease_timeout_s == 42
+    assert job.beetle_settings.is_retryable(ValueError())
+    assert not job.beetle_settings.is_retryable(KeyError())
+
+
+def test_contradictory_task_options_fail_at_worker_start_naming_the_task():
+    app = make_app()
+
+    @app.task(base=BeetleTask, name="shop.charge", attempts=2, exceptions=5, shared=False)
+    def job() -> None: ...
+
+    with pytest.raises(ImproperlyConfigured, match=r"shop\.charge.*exceptions=5"):
+        load_settings(app)
+
+
+def test_missing_redis_url_fails_at_worker_start_saying_what_to_set():
+    app = make_app(beetle_redis_url=None)
+    with pytest.raises(ImproperlyConfigured, match="beetle_redis_url"):
+        load_settings(app)
+
+
+def test_time_limits_end_a_run_before_its_lease_does():
+    hard, soft = time_limits_for(300)
+    assert soft < hard < 300
+    assert 300 - hard == 10
+    hard, soft = time_limits_for(5)
+    assert (hard, soft) == (4.5, 4.0)
+    assert time_limits_for(300, time_limit=60, soft_time_limit=50) == (60, 50)
+
+
+def test_worker_start_derives_each_beetle_tasks_time_limits_from_its_lease():
+    app = make_app()
+
+    @app.task(base=BeetleTask, timeout=20, shared=False)
+    def job() -> None: ...
+
+    load_settings(app)
+    assert (job.time_limit, job.soft_time_limit) == (18.0, 16.0)
+
+
+def test_apply_async_marks_the_message_redundant_and_uses_the_task_id_as_message_id(monkeypatch):
+    app = make_app()
+    sent: list[dict[str, Any]] = []
+    monkeypatch.setattr(Task, "apply_async", lambda self, *a, **kw: sent.append(kw))
+
+    @app.task(base=BeetleTask, shared=False)
+    def job(x: int) -> None: ...
+
+    job.apply_async((1,), task_id="t-1", headers={"mine": "kept"})
+    assert sent[0]["message_id"] == "t-1"
+    assert sent[0]["headers"] == {"mine": "kept", "x-beetle-flags": 1}
+
+
+def test_redundant_false_publishes_one_copy_still_deduplicated(monkeypatch):
+    app = make_app()
+    sent: list[dict[str, Any]] = []
+    monkeypatch.setattr(Task, "apply_async", lambda self, *a, **kw: sent.append(kw))
+
+    @app.task(base=BeetleTask, shared=False)
+    def job() -> None: ...
+
+    @app.task(base=BeetleTask, redundant=False, shared=False)
+    def single() -> None: ...
+
+    job.apply_async(task_id="a", redundant=False)
+    single.apply_async(task_id="b")
+    assert [kw["headers"] for kw in sent] == [{}, {}]
+    assert [kw["message_id"] for kw in sent] == ["a", "b"]
+
+
+def test_a_celery_retry_is_a_new_message_with_a_stable_id():
+    assert message_id_for("t-1") == "t-1"
+    assert message_id_for("t-1", retries=2) == "t-1:retry-2"
+
+
+def test_plain_tasks_are_not_beetle_tasks_and_install_adds_one_step():
+    app = make_app()
+    celery_beetle.install(app)
+
+    @app.task(shared=False)
+    def plain() -> None: ...
+
+    assert not is_beetle_task(plain)
+    assert list(app.steps["consumer"]).count(BeetleGateStep) == 1
+
+
+def test_called_directly_a_beetle_task_just_runs_its_body():
+    app = make_app()
+
+    @app.task(base=BeetleTask, shared=False)
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    assert add(2, 3) == 5
+
+
+LIMITS = Limits(attempts=3, exceptions=2)
+
+
+def test_a_failure_whose_reply_was_lost_is_read_back_from_the_record():
+    pending = State(Status.PENDING, attempts=1, exceptions=1, retry_not_before_ms=5_000, token=4)
+    decision = _applied_failure(pending, 4, True, LIMITS, now_ms=3_000)
+    assert decision is not None
+    assert (decision.outcome, decision.delay_ms) == (Failure.RETRY, 2_000)
+    failed = State(Status.FAILED, attempts=3, exceptions=3, token=4)
+    decision = _applied_failure(failed, 4, True, LIMITS, now_ms=3_000)
+    assert decision is not None and decision.reason is GiveUpReason.ATTEMPTS_LIMIT
+    running = State(Status.RUNNING, attempts=1, token=4)
+    assert _applied_failure(running, 4, True, LIMITS, now_ms=3_000) is None
+    taken_over = State(Status.RUNNING, attempts=2, token=5)
+    decision = _applied_failure(taken_over, 4, True, LIMITS, now_ms=3_000)
+    assert decision is not None and decision.outcome is Failure.NOT_OWNER

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import amqp
 from amqp import spec
-from amqp.exceptions import MessageNacked
+from amqp.exceptions import MessageNacked, RecoverableConnectionError
 
 from .brokers import LINK_ERRORS, BrokerChannel, BrokerLink, fail_or_raise
 from .envelope import ensure_message_id, is_redundant, stamp_redundant
@@ -62,6 +62,27 @@ def _trace(
         )
 
 
+def _write(
+    sub: BrokerChannel,
+    message: amqp.Message,
+    exchange: str,
+    routing_key: str,
+    mandatory: bool,
+    immediate: bool,
+) -> None:
+    """``basic.publish`` without py-amqp's pre-publish poll for ``connection.blocked``.
+
+    py-amqp reads the socket before every publish to notice a blocked connection; here the
+    confirm wait reads it right after, so the poll (a recv and two settimeout calls per copy)
+    is skipped.  The socket's timeout bounds the write if the broker stops reading.
+    """
+    if sub.connection is None:
+        raise RecoverableConnectionError("basic_publish: connection closed")
+    sub.send_method(
+        spec.Basic.Publish, "Bssbb", (0, exchange, routing_key, mandatory, immediate), message
+    )
+
+
 def _confirm_handler(method: Any, *args: Any) -> None:
     if method == spec.Basic.Nack:
         raise MessageNacked()
@@ -92,6 +113,7 @@ def publish(
     if redundant:
         stamp_redundant(properties, options.message_ttl_s, degraded=len(candidates) < wanted)
     confirm_timeout = timeout or options.confirm_timeout_s
+    custom = timeout is not None and timeout != options.confirm_timeout_s
     done: list[BrokerLink] = []
     failed: list[str] = []
     nacked = False
@@ -105,9 +127,7 @@ def publish(
                 continue
             try:
                 sub = channel.sub_for(link)
-                sub._basic_publish(
-                    message, exchange, routing_key, mandatory, immediate, timeout=confirm_timeout
-                )
+                _write(sub, message, exchange, routing_key, mandatory, immediate)
             except LINK_ERRORS as exc:
                 failed.append(link.name)
                 fail_or_raise(link, exc)
@@ -122,7 +142,11 @@ def publish(
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError("confirm timeout")
-                sub.wait(_CONFIRMS, callback=_confirm_handler, timeout=remaining)
+                # the socket's own timeout (confirm_timeout, set at connect) bounds each
+                # read; passing it again would cost two settimeout calls per frame
+                sub.wait(
+                    _CONFIRMS, callback=_confirm_handler, timeout=remaining if custom else None
+                )
             except MessageNacked:
                 nacked = True
                 failed.append(link.name)

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from billiard.exceptions import SoftTimeLimitExceeded
 from redis import exceptions as redis_errors
 
 from celery_beetle.store import connect
@@ -84,17 +85,21 @@ def call_until_stored(
     For the writes that must not be lost once a body has run (completion, failure): if Redis
     is down, the result waits here, and nobody can claim the message meanwhile either. The
     try number (0 first) lets the caller check, after a lost reply, whether an earlier try
-    was applied. The task's hard time limit is the only bound.
+    was applied. The task's hard time limit is the only bound: the soft limit is for bodies,
+    and one that fires here (the body is done, its outcome is being stored) is ignored.
     """
     wait = 0.1
     for number in itertools.count():
         try:
-            return operation(number)
-        except STORE_ERRORS as exc:
-            if number == 0 or number % 20 == 0:
-                logger.warning(
-                    "beetle: cannot store %s yet (%r); retrying until Redis answers", what, exc
-                )
-            sleep(wait)
-            wait = min(wait * 2, max_wait_s)
+            try:
+                return operation(number)
+            except STORE_ERRORS as exc:
+                if number == 0 or number % 20 == 0:
+                    logger.warning(
+                        "beetle: cannot store %s yet (%r); retrying until Redis answers", what, exc
+                    )
+                sleep(wait)
+                wait = min(wait * 2, max_wait_s)
+        except SoftTimeLimitExceeded:
+            logger.warning("beetle: soft time limit while storing %s; still storing it", what)
     raise AssertionError("unreachable")

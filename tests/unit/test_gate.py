@@ -310,3 +310,20 @@ def test_a_run_that_did_not_complete_here_leaves_the_decision_to_redis(h):
     h.timer.advance()
     assert second.acks == 0
     assert h.gate.stats["deferred"] == 1
+
+
+def test_a_soft_time_limit_does_not_stop_a_completion_from_being_stored():
+    from billiard.exceptions import SoftTimeLimitExceeded
+
+    from celery_beetle.redis_health import call_until_stored
+
+    calls = []
+
+    def operation(number: int) -> str:
+        calls.append(number)
+        if number == 0:
+            raise SoftTimeLimitExceeded()  # fired while the completion was being written
+        return "stored"
+
+    assert call_until_stored(operation, "a completion", sleep=lambda _: None) == "stored"
+    assert calls == [0, 1]

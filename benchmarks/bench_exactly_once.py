@@ -19,7 +19,7 @@ the gate has to ask Redis.
 Usage::
 
     python -m benchmarks.bench_exactly_once [--tasks 3000] [--rounds 3] [--body-ms 0]
-        [--pool prefork] [--concurrency 2] [--breakdown]
+        [--pool prefork] [--concurrency 2] [--breakdown] [--trace]
 
 ``--body-ms`` gives each task an I/O-bound body (a sleep), closer to real tasks than the
 default empty body, which measures nothing but the per-message overhead. ``--breakdown`` also
@@ -61,6 +61,7 @@ app = Celery("bench_eo", broker=os.environ.get("BENCH_BROKER", "memory://"), set
 app.conf.beetle_redis_url = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/15")
 app.conf.worker_hijack_root_logger = False
 app.conf.broker_connection_retry_on_startup = True
+app.conf.beetle_trace_dir = os.environ.get("BENCH_TRACE") or None
 celery_beetle.install(app)
 OUT = os.environ.get("BENCH_OUT", "/dev/null")
 STATS = os.environ.get("BENCH_STATS", "")
@@ -114,7 +115,14 @@ BODY_MS = 0.0
 
 
 def run_worker(
-    broker: str, redis_url: str, queue: str, tasks: int, pool: str, concurrency: int, tmp: Path
+    broker: str,
+    redis_url: str,
+    queue: str,
+    tasks: int,
+    pool: str,
+    concurrency: int,
+    tmp: Path,
+    trace_dir: str = "",
 ) -> tuple[float, list[dict[str, Any]]]:
     """Start a worker on a filled queue; return (tasks/s, its stats lines)."""
     out, stats, log = tmp / f"{queue}.out", tmp / f"{queue}.stats", tmp / f"{queue}.log"
@@ -125,6 +133,7 @@ def run_worker(
         "BENCH_OUT": str(out),
         "BENCH_STATS": str(stats),
         "BENCH_BODY_MS": str(BODY_MS),
+        "BENCH_TRACE": trace_dir,
         "PYTHONPATH": str(ROOT),
     }
     args = [
@@ -234,6 +243,23 @@ def breakdown(single: str, both: str, redis_url: str, opts: Any, tmp: Path) -> N
         print(f"{label + ':':36}{rate:8.0f} tasks/s")
 
 
+def tracing_overhead(both: str, redis_url: str, opts: Any, tmp: Path) -> None:
+    """Worker throughput with trace events on against off, interleaved (target >= 0.9)."""
+    off, on = [], []
+    for n in range(opts.rounds):
+        for rates, trace_dir in ((off, ""), (on, str(tmp / f"trace-{n}"))):
+            queue = f"tr-{'on' if trace_dir else 'off'}-{n}"
+            fill(both, redis_url, "bench.beetle", queue, opts.tasks)
+            rate, _ = run_worker(
+                both, redis_url, queue, opts.tasks, opts.pool, opts.concurrency, tmp, trace_dir
+            )
+            rates.append(rate)
+    ratio = statistics.median(on) / statistics.median(off)
+    print(f"BeetleTask, tracing off:            {statistics.median(off):8.0f} tasks/s")
+    print(f"BeetleTask, tracing on:             {statistics.median(on):8.0f} tasks/s")
+    print(f"tracing ratio (target >= 0.9):      {ratio:8.2f}")
+
+
 def commandstats(client: Any) -> dict[str, int]:
     stats = client.info("commandstats")
     return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
@@ -250,6 +276,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--breakdown", action="store_true", help="also time plain and BeetleTask in between"
+    )
+    parser.add_argument(
+        "--trace", action="store_true", help="also time BeetleTask with trace events on"
     )
     opts = parser.parse_args()
     global BODY_MS
@@ -298,6 +327,8 @@ def main() -> None:
             late = drop_duplicates(both, redis_url, queue, opts.tasks, opts, tmp)
             if opts.breakdown:
                 breakdown(single, both, redis_url, opts, tmp)
+            if opts.trace:
+                tracing_overhead(both, redis_url, opts, tmp)
     finally:
         server.kill()
     report(

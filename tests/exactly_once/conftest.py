@@ -8,11 +8,6 @@ starts and completions per message across workers without trusting the code unde
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +17,7 @@ import pytest
 from celery import Celery
 
 import celery_beetle  # noqa: F401  (registers beetle://)
+from tests.harness.celery_worker import WorkerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,7 +32,7 @@ FAST = {
 pytestmark = pytest.mark.integration
 
 
-class EoWorker:
+class EoWorker(WorkerProcess):
     """A worker process of ``tests.exactly_once.app``."""
 
     def __init__(
@@ -54,81 +50,41 @@ class EoWorker:
         extra_env: dict[str, str] | None = None,
     ) -> None:
         self.out = out
-        self.log = out.with_suffix(".log")
-        env = dict(os.environ)
-        env.update(
-            {
-                "BEETLE_TEST_URL": url,
-                "BEETLE_TEST_REDIS": redis_url,
-                "BEETLE_TEST_OUT": str(out),
-                "BEETLE_TEST_OPTIONS": json.dumps(FAST),
-                "BEETLE_TEST_QUEUE": queue,
-                "BEETLE_TEST_TASK": json.dumps(task_options or {}),
-                "BEETLE_TEST_BACKEND": backend or "",
-                "BEETLE_TEST_TRACE": trace_dir or "",
-                "PYTHONPATH": f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}",
-            }
+        env = {
+            "BEETLE_TEST_URL": url,
+            "BEETLE_TEST_REDIS": redis_url,
+            "BEETLE_TEST_OUT": str(out),
+            "BEETLE_TEST_OPTIONS": json.dumps(FAST),
+            "BEETLE_TEST_QUEUE": queue,
+            "BEETLE_TEST_TASK": json.dumps(task_options or {}),
+            "BEETLE_TEST_BACKEND": backend or "",
+            "BEETLE_TEST_TRACE": trace_dir or "",
+            **(extra_env or {}),
+        }
+        super().__init__(
+            "tests.exactly_once.app",
+            out.with_suffix(".log"),
+            env,
+            pool=pool,
+            concurrency=concurrency,
+            queue=queue,
+            name="eo",
+            extra_args=("--without-heartbeat",),
         )
-        env.update(extra_env or {})
-        self.args = [
-            sys.executable, "-m", "celery", "-A", "tests.exactly_once.app", "worker",
-            "-P", pool, "-c", str(concurrency), "-Q", queue,
-            "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "info",
-            "-n", f"eo-{os.getpid()}-{time.monotonic_ns()}@%h",
-        ]  # fmt: skip
-        self.env = env
-        self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, ready_timeout: float = 30) -> EoWorker:
         self.out.touch()
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                self.args, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT
-            )
-        deadline = time.monotonic() + ready_timeout
-        while b" ready." not in self.log.read_bytes():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"worker did not start:\n{self.log_text()[-3000:]}")
-            time.sleep(0.1)
+        super().start(ready_timeout)
         return self
-
-    def log_text(self) -> str:
-        return self.log.read_bytes().decode(errors="replace") if self.log.exists() else ""
 
     def events(self) -> list[tuple[str, int, int, float]]:
         lines = self.out.read_text().splitlines() if self.out.exists() else []
         return [(e, int(i), int(p), float(t)) for e, i, p, t in (line.split() for line in lines)]
 
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
 
 def counts(workers: list[EoWorker], event: str = "done") -> Counter[int]:
     """How often each item had ``event``, over all workers."""
     return Counter(i for w in workers for e, i, _, _ in w.events() if e == event)
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 30, interval: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ import uuid
 
 import pika
 
-from tests.exactly_once.conftest import counts, wait_until
+from tests.exactly_once.conftest import counts
+from tests.harness.waiting import wait_until
 
 
 def _publish(node, vhost: str, *, task: str, body: bytes, message_id: str | None, **headers):

@@ -6,7 +6,8 @@ import json
 
 import redis
 
-from tests.exactly_once.conftest import counts, wait_until
+from tests.exactly_once.conftest import counts
+from tests.harness.waiting import wait_until
 
 
 def _drained(brokers, queue: str = "celery") -> bool:

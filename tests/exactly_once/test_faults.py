@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-from tests.exactly_once.conftest import counts, wait_until
+from tests.exactly_once.conftest import counts
+from tests.harness.waiting import wait_until
 
 
 def _drained(brokers, queue: str = "celery") -> bool:

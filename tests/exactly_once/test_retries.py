@@ -5,7 +5,8 @@ from __future__ import annotations
 import redis
 from celery.result import AsyncResult
 
-from tests.exactly_once.conftest import counts, wait_until
+from tests.exactly_once.conftest import counts
+from tests.harness.waiting import wait_until
 
 
 def _dead_letters(brokers, queue: str = "celery.dead") -> list:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 from kombu import Connection
 
+from tests.harness.waiting import wait_until
 from tests.integration.celery_app import app as celery_app
 from tests.integration.conftest import FAST
 
@@ -58,15 +59,6 @@ def publish(brokers) -> Iterator:
     yield start
     for thread in threads:
         thread.join(30)
-
-
-def wait_until(predicate, timeout: float = 30, interval: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 def test_worker_consumes_from_every_broker(brokers, worker, publish):

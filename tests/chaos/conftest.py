@@ -58,7 +58,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         return
     write = terminalreporter.write_line
     terminalreporter.section("chaos scenarios (judged by beetle audit)")
-    columns = ("messages", "lost", "dup", "unexp", "recover s", "run s")
+    write("stall s: the longest time without a completed task after the fault (time to recover)")
+    columns = ("messages", "lost", "dup", "unexp", "stall s", "run s")
     write(f"{'scenario':<34} " + " ".join(f"{c:>9}" for c in columns))
     for r in RESULTS:
         write(

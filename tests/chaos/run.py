@@ -149,6 +149,16 @@ class ChaosRun:
             assert time.monotonic() < deadline, "publisher made no progress"
             time.sleep(0.05)
 
+    def begin(
+        self, messages: int, *, workers: int = 2, url: str | None = None, sleep_s: float = 0.02
+    ) -> list[WorkerProcess]:
+        """Start ``workers`` and the publisher; return once a third is published, fault time."""
+        started = [self.start_worker(url) for _ in range(workers)]
+        self.start_publisher(messages, url=url, sleep_s=sleep_s)
+        self.wait_published(messages // 3)
+        self.fault()
+        return started
+
     def fault(self) -> None:
         """Mark the moment the fault is injected (for the time to recover)."""
         self.fault_at = time.time()
@@ -167,11 +177,17 @@ class ChaosRun:
         return missing
 
     def recover_s(self) -> float:
-        """Seconds from the fault to the first task completed after it."""
+        """The longest time without a completed task, from the fault until the last task ran.
+
+        This is the time to recover as a user sees it: how long the system made no progress.
+        """
         if self.fault_at is None:
             return 0.0
-        after = [ts for _, ts in self.done_lines() if ts >= self.fault_at]
-        return round(min(after) - self.fault_at, 2) if after else float("nan")
+        stamps = sorted(ts for _, ts in self.done_lines() if ts >= self.fault_at)
+        if not stamps:
+            return float("nan")
+        gaps = [b - a for a, b in zip([self.fault_at, *stamps[:-1]], stamps, strict=True)]
+        return round(max(gaps), 2)
 
     def stop(self) -> None:
         for worker in self.workers:

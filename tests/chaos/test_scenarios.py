@@ -17,11 +17,7 @@ from tests.harness.rabbit import beetle_url
 
 def test_kill_9_of_a_broker_while_publishing_and_consuming(chaos, brokers, spark, messages):
     run = chaos("broker kill -9, then restart")
-    run.start_worker()
-    run.start_worker()
-    run.start_publisher(messages)
-    run.wait_published(messages // 3)
-    run.fault()
+    run.begin(messages)
     brokers.nodes[0].kill()
     run.wait_published(2 * messages // 3)
     brokers.nodes[0].restart()
@@ -31,11 +27,7 @@ def test_kill_9_of_a_broker_while_publishing_and_consuming(chaos, brokers, spark
 
 def test_a_broker_frozen_longer_than_the_confirm_timeout(chaos, brokers, spark, messages):
     run = chaos("broker SIGSTOP 3 s")
-    run.start_worker()
-    run.start_worker()
-    run.start_publisher(messages)
-    run.wait_published(messages // 3)
-    run.fault()
+    run.begin(messages)
     brokers.nodes[1].pause()
     time.sleep(3)  # three confirm timeouts
     brokers.nodes[1].resume()
@@ -45,11 +37,7 @@ def test_a_broker_frozen_longer_than_the_confirm_timeout(chaos, brokers, spark, 
 
 def test_kill_9_of_a_worker_mid_task(chaos, brokers, spark, messages):
     run = chaos("worker kill -9 mid-task")
-    victim = run.start_worker()
-    run.start_worker()
-    run.start_publisher(messages, sleep_s=0.05)
-    run.wait_published(messages // 3)
-    run.fault()
+    victim, _ = run.begin(messages, sleep_s=0.05)
     victim.kill()
     run.start_worker()  # a replacement, as a supervisor would start
     assert run.wait_all_done(timeout=180) == set()
@@ -58,11 +46,7 @@ def test_kill_9_of_a_worker_mid_task(chaos, brokers, spark, messages):
 
 def test_redis_killed_and_restarted_with_aof(chaos, brokers, spark, messages, redis_aof):
     run = chaos("redis kill -9, restart (AOF)", redis=redis_aof.url)
-    run.start_worker()
-    run.start_worker()
-    run.start_publisher(messages)
-    run.wait_published(messages // 3)
-    run.fault()
+    run.begin(messages)
     redis_aof.kill()
     time.sleep(2)
     redis_aof.restart()
@@ -76,11 +60,7 @@ def test_a_brokers_traffic_cut_by_the_proxy(chaos, brokers, spark, messages, tcp
         [brokers.nodes[0].host_port, brokers.nodes[1].host_port, proxy.host_port], brokers.vhost
     )
     run = chaos("broker traffic cut (proxy)")
-    run.start_worker(url)
-    run.start_worker(url)
-    run.start_publisher(messages, url=url)
-    run.wait_published(messages // 3)
-    run.fault()
+    run.begin(messages, url=url)
     proxy.cut()
     time.sleep(3)
     proxy.restore()
@@ -90,11 +70,7 @@ def test_a_brokers_traffic_cut_by_the_proxy(chaos, brokers, spark, messages, tcp
 
 def test_malformed_and_oversized_messages_mixed_into_the_stream(chaos, brokers, spark, messages):
     run = chaos("malformed + oversized messages")
-    worker = run.start_worker()
-    run.start_worker()
-    run.start_publisher(messages)
-    run.wait_published(messages // 3)
-    run.fault()
+    worker, _ = run.begin(messages)
     node = brokers.nodes[0]
     with node.connect(brokers.vhost) as conn:
         channel = conn.channel()
@@ -119,11 +95,7 @@ def test_malformed_and_oversized_messages_mixed_into_the_stream(chaos, brokers, 
 
 def test_two_of_three_brokers_down_messages_still_flow(chaos, brokers, spark, messages):
     run = chaos("2 of 3 brokers down")
-    run.start_worker()
-    run.start_worker()
-    run.start_publisher(messages)
-    run.wait_published(messages // 3)
-    run.fault()
+    run.begin(messages)
     brokers.nodes[0].kill()
     brokers.nodes[1].kill()
     before = len(run.done_lines())

@@ -318,7 +318,10 @@ class RabbitNode:
             RABBITMQ_LOG_BASE=str(self.base_dir / "log"),
             RABBITMQ_ENABLED_PLUGINS_FILE=str(self.base_dir / "enabled_plugins"),
             RABBITMQ_CONFIG_FILE=str(self.base_dir / "rabbitmq.conf"),
-            RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}",
+            # Erlang schedulers spin while idle by default (+sbwt); several nodes on a small
+            # machine would burn the CPU that the clients and the other nodes need
+            RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1} "
+            "+sbwt none +sbwtdcpu none +sbwtdio none",
             ERL_EPMD_ADDRESS="127.0.0.1",
         )
         return env

@@ -97,7 +97,14 @@ class BeetleConnection:
 
     @property
     def connected(self) -> bool:
-        return not self._closed and bool(self.brokers.live())
+        """True until closed, even while every broker is down.
+
+        The reviver brings brokers back and replays this connection's state on them; if kombu
+        saw ``False`` it would build a second connection (under Celery's consumer, through the
+        heartbeat check) and abandon this one with its consumers.  A publish with no broker
+        alive raises :class:`NoBrokerAvailable`, which kombu's retry policy handles.
+        """
+        return not self._closed
 
     def close(self) -> None:
         self._shutdown(graceful=True)

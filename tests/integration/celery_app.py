@@ -26,6 +26,7 @@ app.conf.worker_prefetch_multiplier = 4
 app.conf.broker_connection_retry_on_startup = True
 app.conf.worker_hijack_root_logger = False
 app.conf.result_backend = os.environ.get("BEETLE_TEST_BACKEND") or None
+app.conf.broker_heartbeat = float(os.environ.get("BEETLE_TEST_HEARTBEAT", "120"))
 OUT = os.environ.get("BEETLE_TEST_OUT", "/dev/null")
 
 #: task id -> broker that delivered it (Celery keeps only some delivery_info keys,

@@ -166,10 +166,11 @@ def _try_publish(conn: Connection, item: int) -> bool:
 
 def test_with_every_broker_down_the_worker_waits_and_resumes(brokers, worker):
     url = brokers.url_for(0, 1)
-    w = worker(url, options=REDUNDANT)
+    # AMQP heartbeats every second: their checks must not restart the consumer meanwhile
+    w = worker(url, options=REDUNDANT, extra_env={"BEETLE_TEST_HEARTBEAT": "2"})
     brokers.nodes[0].kill()
     brokers.nodes[1].kill()
-    time.sleep(2)
+    time.sleep(5)
     assert w.alive()
     brokers.nodes[0].restart()
     with Connection(brokers.url_for(0), transport_options=FAST) as conn:

@@ -12,8 +12,9 @@ import celery_beetle
 from celery_beetle import BeetleTask
 from celery_beetle.bootstep import BeetleGateStep, load_settings
 from celery_beetle.outcome import Failure, GiveUpReason, Limits
+from celery_beetle.run import _applied_failure
 from celery_beetle.state import State, Status
-from celery_beetle.task import _applied_failure, is_beetle_task, message_id_for, time_limits_for
+from celery_beetle.task import is_beetle_task, message_id_for, time_limits_for
 
 
 def make_app(**conf: Any) -> Celery:

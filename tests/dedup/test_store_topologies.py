@@ -1,0 +1,98 @@
+"""The store behind Redis Sentinel and Redis Cluster URLs, on real local servers.
+
+A Sentinel monitors the session's throwaway Redis; a one-node cluster owns every slot.
+The same claim → complete → duplicate sequence must work through both clients, with every
+key of a message in one slot (the hash tag in ``beetle:{queue:message_id}``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from celery_beetle.outcome import Fence, Gate, Limits
+from celery_beetle.state import MessageFacts
+from celery_beetle.store import RedisStore, wall_clock_ms
+from tests.harness.ports import free_port
+from tests.harness.redis_server import redis_server_binary
+
+pytestmark = pytest.mark.integration
+
+
+def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    binary = redis_server_binary()
+    assert binary is not None
+    with log.open("wb") as out:
+        return subprocess.Popen([binary, *args], stdout=out, stderr=subprocess.STDOUT)
+
+
+def _wait(check, what: str, timeout: float = 20) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except redis.exceptions.RedisError:
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"{what} did not come up within {timeout} s")
+
+
+@pytest.fixture
+def sentinel_url(redis_server, tmp_path: Path) -> Iterator[str]:
+    port = free_port()
+    conf = tmp_path / "sentinel.conf"  # a sentinel rewrites its own config file
+    conf.write_text(
+        f"port {port}\nbind 127.0.0.1\n"
+        f"sentinel monitor beetle {redis_server.host} {redis_server.port} 1\n"
+    )
+    proc = _start([str(conf), "--sentinel"], tmp_path / "sentinel.log")
+    probe = redis.Redis(port=port, socket_timeout=1)
+    _wait(lambda: probe.sentinel_get_master_addr_by_name("beetle"), "the sentinel")
+    yield f"redis+sentinel://127.0.0.1:{port}/beetle/0"
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture
+def cluster_url(tmp_path: Path) -> Iterator[str]:
+    port = free_port()
+    proc = _start(
+        ["--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path), "--save", "",
+         "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"],
+        tmp_path / "cluster.log",
+    )  # fmt: skip
+    probe = redis.Redis(port=port, socket_timeout=1)
+    _wait(probe.ping, "the cluster node")
+    probe.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+    _wait(lambda: b"cluster_state:ok" in probe.execute_command("CLUSTER", "INFO"), "the cluster")
+    yield f"redis+cluster://127.0.0.1:{port}"
+    proc.kill()
+    proc.wait()
+
+
+def _claim_complete_and_drop(store: RedisStore) -> None:
+    facts = MessageFacts("orders", "m-topology", expires_at_ms=wall_clock_ms() + 60_000)
+    claim = store.claim(facts, Limits(), "test:1")
+    assert claim.acquired
+    assert store.complete(facts, claim.token).outcome is Fence.OK
+    assert store.gate(facts).outcome is Gate.DROP_DUPLICATE
+    assert store.ttl_ms(facts.queue, facts.message_id) > 0
+
+
+def test_the_store_works_through_a_sentinel_url(sentinel_url):
+    store = RedisStore.from_url(sentinel_url)
+    _claim_complete_and_drop(store)
+    store.close()
+
+
+def test_the_store_works_through_a_cluster_url(cluster_url):
+    store = RedisStore.from_url(cluster_url)
+    _claim_complete_and_drop(store)
+    assert store.key("orders", "m-topology") == "beetle:{orders:m-topology}"
+    store.close()

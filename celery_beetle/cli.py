@@ -110,6 +110,53 @@ def audit(
     sys.exit(0 if result.ok else EXIT_BAD_VERDICT)
 
 
+@main.command()
+@click.argument("broker_url", envvar="BEETLE_BROKER_URL")
+@click.option("--redis", "redis_url", envvar="BEETLE_REDIS_URL", help="The dedup store's URL.")
+@click.option("--queue", "-Q", "queues", multiple=True, help="Report this queue (repeatable).")
+def status(broker_url: str, redis_url: str | None, queues: tuple[str, ...]) -> None:
+    """Is every broker of BROKER_URL (a beetle:// URL) up, and the dedup store?
+
+    Exits 1 when a broker or the store is down, so it can serve as a health check.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from celery_beetle import status as report
+    from kombu_beetle.errors import InvalidBrokerURL, InvalidTransportOption
+
+    try:
+        brokers = report.brokers(broker_url, queues)
+    except (InvalidBrokerURL, InvalidTransportOption) as exc:
+        raise click.BadParameter(str(exc), param_hint="BROKER_URL")
+    table = Table(title="brokers")
+    for column in ("broker", "state", "RabbitMQ", *(f"{q} ready/consumers" for q in queues)):
+        table.add_column(column)
+    for b in brokers:
+        state = "[green]up[/]" if b.up else f"[red]down[/] {b.error or ''}"
+        if b.consume_only:
+            state += " (consume only)"
+        cells = [
+            "-" if depth is None else f"{depth[0]}/{depth[1]}"
+            for depth in (b.queues.get(q) for q in queues)
+        ]
+        table.add_row(b.name, state, b.version or "", *cells)
+    console = Console()
+    console.print(table)
+    healthy = all(b.up for b in brokers)
+    if redis_url:
+        store = report.store(redis_url)
+        if store.up:
+            console.print(
+                f"dedup store {store.url}: [green]up[/], {store.latency_ms} ms, "
+                f"{store.keys} keys, {store.used_memory}"
+            )
+        else:
+            console.print(f"dedup store {store.url}: [red]down[/] {store.error}")
+        healthy = healthy and store.up
+    sys.exit(0 if healthy else 1)
+
+
 def _print_verdict(summary: dict[str, object], files: dict[str, str], rich_output: bool) -> None:
     from celery_beetle.audit.schema import BAD_VERDICTS, SUMMARY_COUNTS
 

@@ -40,7 +40,9 @@ def install(app: Any) -> Any:
     Adds the gate bootstep to the worker's consumer (it reads and validates ``app.conf``'s
     ``beetle_*`` settings when the worker starts, so a mistake stops the worker before its
     first message), registers the ``beetle://`` transport, and flushes trace events when a
-    pool process exits. Calling it twice is harmless.
+    pool process exits. With ``beetle_trace_dir`` set (before this call) and a ``beetle://``
+    broker, publishers trace too (the transport's ``trace_dir`` option), so the audit sees
+    both ends. Calling it twice is harmless.
     """
     from celery.signals import worker_process_shutdown
 
@@ -50,9 +52,21 @@ def install(app: Any) -> Any:
     if getattr(app, "_beetle_installed", False):
         return app
     app.steps["consumer"].add(BeetleGateStep)
+    _trace_publishes(app)
     worker_process_shutdown.connect(_flush_traces, weak=False)
     app._beetle_installed = True
     return app
+
+
+def _trace_publishes(app: Any) -> None:
+    """Hand ``beetle_trace_dir`` to the transport, unless its own ``trace_dir`` is set."""
+    trace_dir = app.conf.get("beetle_trace_dir")
+    broker_url = str(app.conf.get("broker_url") or "")
+    if not trace_dir or not broker_url.startswith("beetle://"):
+        return
+    options = dict(app.conf.get("broker_transport_options") or {})
+    options.setdefault("trace_dir", trace_dir)
+    app.conf.broker_transport_options = options
 
 
 def _flush_traces(**kwargs: Any) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 from kombu.serialization import dumps, registry
 
 from celery_beetle.gate import FACTS_HEADER
+from kombu_beetle.envelope import REPUBLISHED_HEADER
 
 __all__ = [
     "RawMessage",
@@ -133,7 +134,8 @@ def republish(
         routing_key=routing_key,
         content_type=raw.content_type,
         content_encoding=raw.content_encoding,
-        headers=dict(raw.headers),
+        # a continuation of a traced message (the task traces retried / dead_lettered)
+        headers={**raw.headers, REPUBLISHED_HEADER: 1},
         retry=True,
         retry_policy={"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5},
         **{"delivery_mode": 2, **raw.properties},

@@ -18,6 +18,10 @@ FLAGS_HEADER = "x-beetle-flags"
 EXPIRES_AT_HEADER = "x-beetle-expires-at"
 PUBLISHED_AT_HEADER = "x-beetle-published-at"
 
+#: set by the worker side on a message it moves on (to a delay or dead-letter queue): a
+#: continuation of a traced message, not a new publish, so the transport does not trace it
+REPUBLISHED_HEADER = "x-beetle-republished"
+
 FORMAT_VERSION = 1
 #: bit 1: the message is published to two brokers and must be deduplicated
 FLAG_REDUNDANT = 1

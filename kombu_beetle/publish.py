@@ -23,7 +23,7 @@ from amqp import spec
 from amqp.exceptions import MessageNacked, RecoverableConnectionError
 
 from .brokers import LINK_ERRORS, BrokerChannel, BrokerLink, fail_or_raise
-from .envelope import ensure_message_id, is_redundant, stamp_redundant
+from .envelope import REPUBLISHED_HEADER, ensure_message_id, is_redundant, stamp_redundant
 from .errors import NoBrokerAvailable, PublishNotConfirmed
 from .trace import NullTracer
 
@@ -164,7 +164,10 @@ def publish(
             )
         raise NoBrokerAvailable(failed or connection.brokers.names(), "publish failed on each")
     tracer = connection.tracer
-    if not isinstance(tracer, NullTracer):
+    # Only redundant messages are audited: they are the ones workers deduplicate and trace
+    # to the end (a plain task, a Celery event or a reply never writes "completed").
+    republished = (properties.get("application_headers") or {}).get(REPUBLISHED_HEADER)
+    if redundant and not republished and not isinstance(tracer, NullTracer):
         _trace(tracer, properties, routing_key, redundant, wanted, done, failed)
     if redundant and len(done) < wanted <= len(candidates):
         logger.warning(

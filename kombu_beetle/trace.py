@@ -18,6 +18,8 @@ direct routing), the worker the queue it consumed from.
 Who emits what:
 
 ``published`` (transport, publishing process)
+    Only for redundant messages (the audited ones: workers deduplicate and trace them to
+    the end), and not for a worker moving a message on (``x-beetle-republished``).
     One event **per broker copy**, written once that copy's confirm is known, with ``broker``
     set and ``detail = {"confirmed": bool, "redundant": bool, "copies": n}`` where ``copies``
     is how many copies the publish meant to write. A redundant pair is therefore two

@@ -164,3 +164,25 @@ def test_a_failure_whose_reply_was_lost_is_read_back_from_the_record():
     taken_over = State(Status.RUNNING, attempts=2, token=5)
     decision = _applied_failure(taken_over, 4, True, LIMITS, now_ms=3_000)
     assert decision is not None and decision.outcome is Failure.NOT_OWNER
+
+
+def test_install_hands_the_trace_dir_to_a_beetle_transport_only():
+    from celery import Celery
+
+    import celery_beetle
+
+    beetle = Celery("t1", broker="beetle://h1,h2//", set_as_current=False)
+    beetle.conf.beetle_trace_dir = "/tmp/traces"
+    celery_beetle.install(beetle)
+    assert beetle.conf.broker_transport_options["trace_dir"] == "/tmp/traces"
+
+    own = Celery("t2", broker="beetle://h1,h2//", set_as_current=False)
+    own.conf.beetle_trace_dir = "/tmp/traces"
+    own.conf.broker_transport_options = {"trace_dir": "/elsewhere"}
+    celery_beetle.install(own)
+    assert own.conf.broker_transport_options["trace_dir"] == "/elsewhere"
+
+    plain = Celery("t3", broker="pyamqp://h1//", set_as_current=False)
+    plain.conf.beetle_trace_dir = "/tmp/traces"
+    celery_beetle.install(plain)
+    assert "trace_dir" not in (plain.conf.broker_transport_options or {})

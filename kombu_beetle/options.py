@@ -8,8 +8,7 @@ Options the transport does not know are handed to py-amqp's ``Connection``
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -325,11 +324,3 @@ def _validate(url: str, options: BeetleOptions) -> None:
         raise InvalidTransportOption(
             f"broker_options names broker(s) not in the URL: {', '.join(sorted(unknown))}"
         )
-
-
-def replace(options: BeetleOptions, **changes: Any) -> BeetleOptions:
-    return dataclasses.replace(options, **changes)
-
-
-def broker_names(brokers: Iterable[BrokerAddress]) -> list[str]:
-    return [b.name for b in brokers]

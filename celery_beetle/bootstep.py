@@ -13,6 +13,7 @@ reason, and derives each BeetleTask's time limits from its lease.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -25,11 +26,17 @@ from celery.worker.request import Request
 from kombu.exceptions import ContentDisallowed, DecodeError
 
 from celery_beetle.deadletter import dead_letter_headers, publish_dead_letter
-from celery_beetle.gate import COMPLETED_MARK, FACTS_HEADER, BadInput, DeliveryGate
-from celery_beetle.redis_health import RedisProbe
+from celery_beetle.gate import (
+    COMPLETED_MARK,
+    FACTS_HEADER,
+    BadInput,
+    DeliveryGate,
+    message_facts,
+)
+from celery_beetle.redis_health import STORE_ERRORS, RedisProbe
 from celery_beetle.retry_queue import RawMessage
 from celery_beetle.settings import BeetleSettings
-from celery_beetle.store import RedisStore
+from celery_beetle.store import RedisStore, wall_clock_ms
 from celery_beetle.task import is_beetle_task
 from kombu_beetle.trace import get_tracer
 
@@ -121,8 +128,8 @@ class BeetleGateStep(bootsteps.StartStopStep):
             store=self.store,
             call_later=call_later,
             qos=lambda: c.qos,
-            dead_letter=lambda message, queue, reason, detail: dead_letter_delivery(
-                c.app, message, queue, reason, detail
+            dead_letter=lambda message, queue, reason, detail: self.dead_letter_once(
+                c, message, queue, reason, detail
             ),
             queue_of=lambda message: self.queue_of(c, message),
             probe=self.probe,
@@ -143,18 +150,49 @@ class BeetleGateStep(bootsteps.StartStopStep):
             queue = self.queue_names.get(tag)
         return queue or info.get("routing_key") or "celery"
 
+    def dead_letter_once(self, c: Any, message: Any, queue: str, reason: str, detail: str) -> None:
+        """Dead-letter bad input once per message, not once per copy: every copy of a
+        redundant message is equally bad, so the store lets the first one through
+        (:meth:`~celery_beetle.store.Store.reject`) and the others are only acked. Without
+        a ``message_id``, or with Redis down, every copy is dead-lettered: two dead letters
+        are better than none."""
+        message_id = (message.properties or {}).get("message_id")
+        store = self.store
+        if message_id and store is not None:
+            facts = message_facts(
+                queue,
+                str(message_id),
+                message.headers,
+                self.settings.message_ttl_ms,
+                wall_clock_ms(),
+            )
+            try:
+                if not store.reject(facts):
+                    logger.warning(
+                        "beetle: %s on queue %r (%s): another copy was dead-lettered already",
+                        message_id,
+                        queue,
+                        reason,
+                    )
+                    return
+            except STORE_ERRORS as exc:
+                logger.warning("beetle: cannot tell if %s was dead-lettered (%r)", message_id, exc)
+                store = None
+        try:
+            dead_letter_delivery(c.app, message, queue, reason, detail)
+        except Exception:
+            if store is not None:  # let another copy try
+                with contextlib.suppress(*STORE_ERRORS):
+                    store.forget(queue, str(message_id))
+            raise
+
     def _unknown_task_handler(
         self, c: Any, original: Callable[[Any, Any, Any], None]
     ) -> Callable[[Any, Any, Any], None]:
         def on_unknown_task(body: Any, message: Any, exc: Any) -> None:
             try:
-                dead_letter_delivery(
-                    c.app,
-                    message,
-                    self.queue_of(c, message),
-                    BadInput.UNKNOWN_TASK.value,
-                    repr(exc),
-                )
+                queue = self.queue_of(c, message)
+                self.dead_letter_once(c, message, queue, BadInput.UNKNOWN_TASK.value, repr(exc))
             except Exception as pub_exc:
                 logger.error("beetle: could not dead-letter an unknown task: %r", pub_exc)
             original(body, message, exc)

@@ -21,6 +21,7 @@ from celery_beetle.outcome import (
     decide_complete,
     decide_extend,
     decide_failure,
+    decide_reject,
     decide_release,
     key_ttl_ms,
 )
@@ -76,6 +77,9 @@ class FakeStore(Store):
 
     def release(self, facts: MessageFacts, token: int) -> FenceDecision:
         return self._apply(facts, lambda state, now: decide_release(state, token))
+
+    def reject(self, facts: MessageFacts) -> bool:
+        return self._apply(facts, lambda state, now: decide_reject(state, facts))
 
     def forget(self, queue: str, message_id: str) -> bool:
         self.round_trips += 1

@@ -312,6 +312,18 @@ def decide_release(state: State | None, token: int) -> tuple[FenceDecision, Stat
     return FenceDecision(Fence.OK), pending
 
 
+def decide_reject(state: State | None, facts: MessageFacts) -> tuple[bool, State | None]:
+    """Bad input (an unknown task, a body that does not decode): mark the message failed
+    without a run. True for the first copy to ask, which is the one dead-lettered; every
+    other copy finds the record final and is only acked. A message that completed or
+    failed already is left as it is."""
+    if state is not None and state.status.is_final:
+        return False, None
+    base = state or State(Status.FAILED, expires_at_ms=facts.expires_at_ms)
+    failed = replace(_settled(base, Status.FAILED), expires_at_ms=facts.expires_at_ms)
+    return True, failed
+
+
 def key_ttl_ms(state: State, now_ms: int, margin_ms: int) -> int:
     """How long Redis keeps a record after a write: past the message's expiry, its lease
     and its retry time, plus a margin for clock skew between workers. No GC daemon needed."""

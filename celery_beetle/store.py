@@ -148,6 +148,11 @@ class Store(abc.ABC):
         """Give the message back unrun (:func:`~.outcome.decide_release`)."""
 
     @abc.abstractmethod
+    def reject(self, facts: MessageFacts) -> bool:
+        """Mark bad input failed without a run; True for the first copy to ask
+        (:func:`~.outcome.decide_reject`): only that copy is dead-lettered."""
+
+    @abc.abstractmethod
     def forget(self, queue: str, message_id: str) -> bool:
         """Delete a record (e.g. before replaying a dead-lettered message); True if it existed."""
 
@@ -166,7 +171,7 @@ class RedisStore(Store):
     see :func:`~celery_beetle.outcome.decide_complete`).
     """
 
-    SCRIPTS = ("claim", "complete", "fail", "extend", "release")
+    SCRIPTS = ("claim", "complete", "fail", "extend", "release", "reject")
 
     def __init__(
         self,
@@ -288,6 +293,10 @@ class RedisStore(Store):
 
     def release(self, facts: MessageFacts, token: int) -> FenceDecision:
         return _fence(self._run("release", facts, token, self.clock(), self.ttl_margin_ms))
+
+    def reject(self, facts: MessageFacts) -> bool:
+        reply = self._run("reject", facts, self.clock(), facts.expires_at_ms, self.ttl_margin_ms)
+        return reply[0] == "first"
 
     def forget(self, queue: str, message_id: str) -> bool:
         self.round_trips += 1

@@ -228,6 +228,22 @@ def test_release_hands_the_message_back_without_counting_the_attempt(store, cloc
     assert (claim.token, claim.attempt) == (2, 1)
 
 
+def test_bad_input_is_rejected_once_and_its_other_copies_are_duplicates(store, clock):
+    msg = message(clock)
+    assert store.reject(msg) is True
+    assert store.reject(msg) is False
+    decision = store.gate(msg)
+    assert (decision.outcome, decision.status) == (Gate.DROP_DUPLICATE, Status.FAILED)
+    assert store.claim(msg, LIMITS, "w1").outcome is Claim.ALREADY_DONE
+
+
+def test_a_completed_message_is_never_rejected(store, clock):
+    msg = message(clock)
+    store.complete(msg, store.claim(msg, LIMITS, "w1").token)
+    assert store.reject(msg) is False
+    assert store.peek(msg.queue, msg.message_id).status is Status.COMPLETED
+
+
 def test_forget_deletes_the_record(store, clock):
     msg = message(clock)
     store.claim(msg, LIMITS, "w1")
@@ -392,7 +408,7 @@ def test_fake_and_redis_agree_on_random_histories(redis_url):
             )
             use = token if rng.random() < 0.8 else token - 1
             operation = rng.choice(
-                ["gate", "claim", "claim", "complete", "fail", "extend", "release"]
+                ["gate", "claim", "claim", "complete", "fail", "extend", "release", "reject"]
             )
             answers: tuple[object, object]
             if operation == "gate":
@@ -411,6 +427,8 @@ def test_fake_and_redis_agree_on_random_histories(redis_url):
                 )
             elif operation == "extend":
                 answers = fake.extend(msg, use, 2_000), real.extend(msg, use, 2_000)
+            elif operation == "reject":
+                answers = fake.reject(msg), real.reject(msg)
             else:
                 answers = fake.release(msg, use), real.release(msg, use)
             assert answers[0] == answers[1], (step, operation, msg)

@@ -70,3 +70,27 @@ def test_bad_input_is_dead_lettered_or_dropped_with_a_reason_and_the_worker_keep
     assert len(dead) == 3, "the expired message is dropped, not dead-lettered"
     for node in brokers.nodes:
         assert node.queue_depths(brokers.vhost).get("celery", (0, 0)) == (0, 0)
+
+
+def test_both_copies_of_bad_input_give_one_dead_letter(brokers, client, eo_worker):
+    worker = eo_worker()
+    vhost = brokers.vhost
+    for node in brokers.nodes[:2]:  # the two copies of a redundant message
+        _publish(node, vhost, task="eo.nope", body=_body(201), message_id="m-201", id="t-201")
+        _publish(node, vhost, task="eo.record", body=b"{nope", message_id="m-202", id="t-202")
+    client().tasks["eo.record"].delay(203)
+    assert wait_until(lambda: counts([worker])[203] == 1, timeout=20)
+
+    def drained() -> bool:
+        return all(
+            node.queue_depths(vhost).get("celery", (0, 0)) == (0, 0) for node in brokers.nodes
+        )
+
+    assert wait_until(drained, timeout=10)
+    reasons: list[str] = []
+    for node in brokers.nodes:
+        if "celery.dead" in node.queue_depths(vhost):
+            for _, properties, _ in node.get_messages(vhost, "celery.dead"):
+                reasons.append(properties.headers["x-beetle-dead-reason"])
+    assert sorted(reasons) == ["undecodable", "unknown_task"]
+    assert worker.alive()

@@ -19,6 +19,7 @@ from celery_beetle.outcome import (
     decide_extend,
     decide_failure,
     decide_gate,
+    decide_reject,
     decide_release,
     key_ttl_ms,
 )
@@ -280,3 +281,14 @@ def test_a_record_outlives_a_lease_or_retry_that_ends_after_the_message_expires(
 
 def test_a_record_of_an_expired_message_still_lives_for_the_margin():
     assert key_ttl_ms(State(Status.FAILED, expires_at_ms=NOW - 1), NOW, 5) == 5
+
+
+def test_reject_fails_an_unrun_message_for_the_first_copy_only():
+    facts = MessageFacts("celery", "m-1", expires_at_ms=5_000)
+    first, state = decide_reject(None, facts)
+    assert first and state == State(Status.FAILED, expires_at_ms=5_000)
+    assert decide_reject(state, facts) == (False, None)
+    running = State(Status.RUNNING, attempts=1, lease_deadline_ms=9_000, owner="w", token=3)
+    first, state = decide_reject(running, facts)
+    assert first and state == State(Status.FAILED, attempts=1, token=3, expires_at_ms=5_000)
+    assert decide_reject(State(Status.COMPLETED), facts) == (False, None)

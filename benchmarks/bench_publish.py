@@ -5,15 +5,24 @@ confirms; the beetle side writes every message to two brokers.  Rounds are
 interleaved so that both sides see the same machine load.  Target: ratio >= 0.9
 (sequential publishing to two brokers measures about 0.5).
 
+A last pair of rows takes Celery and beetle away: bare py-amqp publishing to one
+broker, and to two brokers in parallel.  Their ratio is the ceiling for any
+redundant publisher on this machine, where both brokers and the client share the
+same cores (on separate machines each broker has its own).
+
     python -m benchmarks.bench_publish [--tasks 5000] [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
+from typing import Any
 
+import amqp
+from amqp import spec
 from celery import Celery
 
 import kombu_beetle  # noqa: F401  (registers beetle://)
@@ -55,6 +64,48 @@ def sequential_rate(first: Celery, second: Celery, tasks: int) -> float:
         return tasks / (time.perf_counter() - started)
 
 
+def raw_rates(app: Celery, ports: list[int], tasks: int) -> tuple[float, float]:
+    """What the machine allows without Celery or beetle: bare py-amqp confirmed publishes of
+    a Celery-sized message to one broker, and to two brokers written in parallel (both
+    writes, then both confirms: what beetle does). Their ratio is the ceiling for beetle's."""
+    connections = [amqp.Connection(f"127.0.0.1:{port}") for port in ports]
+    channels = []
+    for connection in connections:
+        connection.connect()
+        channel = connection.channel()
+        channel.confirm_select()
+        channel.queue_declare("bench-raw", durable=True, auto_delete=False)
+        channels.append(channel)
+    # the same headers and body as apply_async((0,)) puts on the wire
+    task = app.amqp.as_task_v2("00000000-0000-0000-0000-000000000000", "bench.noop", args=(0,))
+    body = json.dumps(task.body).encode()
+    headers = {k: v for k, v in task.headers.items() if v is not None}
+
+    def rate(targets: list[Any]) -> float:
+        started = time.perf_counter()
+        for _ in range(tasks):
+            for channel in targets:
+                message = amqp.Message(
+                    body,
+                    delivery_mode=2,
+                    content_type="application/json",
+                    content_encoding="utf-8",
+                    application_headers=headers,
+                )
+                channel.basic_publish(message, routing_key="bench-raw")
+            for channel in targets:
+                channel.wait([spec.Basic.Ack, spec.Basic.Nack])
+        return tasks / (time.perf_counter() - started)
+
+    try:
+        return rate(channels[:1]), rate(channels)
+    finally:
+        for channel in channels:
+            channel.queue_delete("bench-raw")
+        for connection in connections:
+            connection.close()
+
+
 def purge(app: Celery) -> None:
     with app.connection_for_write() as conn:
         conn.default_channel.queue_purge("bench")
@@ -76,6 +127,8 @@ def main() -> None:
             "pyamqp, 1 broker": [],
             "beetle, 2 copies": [],
             "naive, 2 in a row": [],
+            "raw py-amqp, 1 broker": [],
+            "raw py-amqp, 2 brokers": [],
         }
         for _ in range(args.rounds):
             rates["pyamqp, 1 broker"].append(publish_rate(baseline, args.tasks))
@@ -85,6 +138,9 @@ def main() -> None:
             rates["naive, 2 in a row"].append(sequential_rate(baseline, second, args.tasks))
             purge(baseline)
             purge(second)
+            one, two = raw_rates(baseline, [p1, p2], args.tasks)
+            rates["raw py-amqp, 1 broker"].append(one)
+            rates["raw py-amqp, 2 brokers"].append(two)
         print(f"confirmed apply_async, {args.tasks} tasks x {args.rounds} rounds (median)")
         medians = {name: statistics.median(values) for name, values in rates.items()}
         for name, rate in medians.items():
@@ -94,6 +150,19 @@ def main() -> None:
         verdict = "meets" if ratio >= 0.9 else "misses"
         print(f"  ratio beetle/pyamqp  {ratio:10.2f}   (target >= 0.9: {verdict})")
         print(f"  ratio naive/pyamqp   {naive:10.2f}   (both copies one after the other)")
+        ceiling = medians["raw py-amqp, 2 brokers"] / medians["raw py-amqp, 1 broker"]
+        print(
+            f"  ceiling, raw 2/1     {ceiling:10.2f}   (bare py-amqp, both writes then both "
+            "confirms: what this machine allows)"
+        )
+        # what beetle adds per message beyond the bare parallel publish, once Celery's own
+        # cost (apply_async over bare py-amqp, one broker) is taken out of both sides
+        celery_us = 1e6 / medians["pyamqp, 1 broker"] - 1e6 / medians["raw py-amqp, 1 broker"]
+        beetle_us = 1e6 / medians["beetle, 2 copies"] - 1e6 / medians["raw py-amqp, 2 brokers"]
+        print(
+            f"  beetle's own cost    {beetle_us - celery_us:10.0f} us per message, beyond the "
+            "bare parallel publish and Celery"
+        )
 
 
 if __name__ == "__main__":

@@ -23,8 +23,10 @@ Usage::
 
 ``--body-ms`` gives each task an I/O-bound body (a sleep), closer to real tasks than the
 default empty body, which measures nothing but the per-message overhead. ``--breakdown`` also
-times a plain task over ``beetle://`` (one copy) and a BeetleTask over ``pyamqp://`` (one
-copy, deduplicated), to show what the transport, the dedup and the redundancy each cost.
+times a plain task over ``beetle://`` (one copy), a BeetleTask over ``pyamqp://`` (one copy,
+deduplicated), and a plain task delivered twice whose second copy is dropped on an in-memory
+set (no Redis: the ceiling of any deduplication of two deliveries in Celery's main process),
+to show what the transport, the dedup and the redundancy each cost.
 
 Brokers come from ``benchmarks/_nodes.py`` (``BEETLE_BENCH_PORTS`` or throwaway nodes); Redis
 is a throwaway ``redis-server`` on a free port. This module is also the workers' Celery app
@@ -45,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from celery import Celery
+from celery import Celery, bootsteps
 from celery.signals import worker_process_shutdown, worker_shutdown
 from kombu import Connection
 
@@ -83,6 +85,36 @@ def plain(i: int) -> None:
 @app.task(base=BeetleTask, name="bench.beetle", timeout=60)
 def beetle(i: int) -> None:
     _note()
+
+
+class MemoryDedup(bootsteps.StartStopStep):
+    """The ceiling of any deduplication: ``bench.plain`` delivered twice, the second copy
+    acked in the main process on an in-memory set, no Redis, no claim. Only in the worker
+    that ``--breakdown`` starts with ``BENCH_MEMORY_DEDUP=1``."""
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def start(self, c: Any) -> None:
+        strategy = c.strategies["bench.plain"]
+        if getattr(strategy, "memory_dedup", False):
+            return
+        seen: set[str] = set()
+
+        def first_copy_only(message: Any, *args: Any, **kwargs: Any) -> Any:
+            message_id = message.properties.get("message_id")
+            if message_id in seen:
+                seen.discard(message_id)
+                message.ack()
+                return None
+            seen.add(message_id)
+            return strategy(message, *args, **kwargs)
+
+        first_copy_only.memory_dedup = True  # type: ignore[attr-defined]
+        c.strategies["bench.plain"] = first_copy_only
+
+
+if os.environ.get("BENCH_MEMORY_DEDUP"):
+    app.steps["consumer"].add(MemoryDedup)
 
 
 def _dump(kind: str, data: dict[str, Any]) -> None:
@@ -123,6 +155,7 @@ def run_worker(
     concurrency: int,
     tmp: Path,
     trace_dir: str = "",
+    extra_env: dict[str, str] | None = None,
 ) -> tuple[float, list[dict[str, Any]]]:
     """Start a worker on a filled queue; return (tasks/s, its stats lines)."""
     out, stats, log = tmp / f"{queue}.out", tmp / f"{queue}.stats", tmp / f"{queue}.log"
@@ -135,6 +168,7 @@ def run_worker(
         "BENCH_BODY_MS": str(BODY_MS),
         "BENCH_TRACE": trace_dir,
         "PYTHONPATH": str(ROOT),
+        **(extra_env or {}),
     }
     args = [
         sys.executable, "-m", "celery", "-A", "benchmarks.bench_exactly_once", "worker",
@@ -232,15 +266,24 @@ def drop_duplicates(
     return {**gate, "runs": runs}
 
 
-def breakdown(single: str, both: str, redis_url: str, opts: Any, tmp: Path) -> None:
-    """Where the cost goes: the transport alone, and dedup without redundancy."""
+def breakdown(
+    single: str, both: str, redis_url: str, opts: Any, tmp: Path, base_rate: float
+) -> None:
+    """Where the cost goes: the transport alone, dedup without redundancy, and redundancy
+    with a free dedup (the ceiling: two deliveries per task, no Redis)."""
     for label, broker, task, queue in (
         ("plain task, beetle://, 1 copy", both, "bench.plain", "bd-plain-beetle"),
         ("BeetleTask, pyamqp, 1 copy", single, "bench.beetle", "bd-beetle-single"),
+        ("plain task, 2 copies, memory dedup", both, "bench.plain", "bd-plain-twice"),
     ):
-        fill(broker, redis_url, task, queue, opts.tasks)
-        rate, _ = run_worker(broker, redis_url, queue, opts.tasks, opts.pool, opts.concurrency, tmp)
-        print(f"{label + ':':36}{rate:8.0f} tasks/s")
+        twice = queue == "bd-plain-twice"
+        publish_url = f"{broker}?redundant_queues={queue}" if twice else broker
+        fill(publish_url, redis_url, task, queue, opts.tasks)
+        rate, _ = run_worker(
+            broker, redis_url, queue, opts.tasks, opts.pool, opts.concurrency, tmp,
+            extra_env={"BENCH_MEMORY_DEDUP": "1"} if twice else None,
+        )  # fmt: skip
+        print(f"{label + ':':36}{rate:8.0f} tasks/s  ({rate / base_rate:.2f} of plain)")
 
 
 def tracing_overhead(both: str, redis_url: str, opts: Any, tmp: Path) -> None:
@@ -326,7 +369,7 @@ def main() -> None:
             fill(both, redis_url, "bench.beetle", queue, opts.tasks, task_ids=last_ids)
             late = drop_duplicates(both, redis_url, queue, opts.tasks, opts, tmp)
             if opts.breakdown:
-                breakdown(single, both, redis_url, opts, tmp)
+                breakdown(single, both, redis_url, opts, tmp, statistics.median(base_rates))
             if opts.trace:
                 tracing_overhead(both, redis_url, opts, tmp)
     finally:

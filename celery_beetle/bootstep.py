@@ -26,13 +26,8 @@ from celery.worker.request import Request
 from kombu.exceptions import ContentDisallowed, DecodeError
 
 from celery_beetle.deadletter import dead_letter_headers, publish_dead_letter
-from celery_beetle.gate import (
-    COMPLETED_MARK,
-    FACTS_HEADER,
-    BadInput,
-    DeliveryGate,
-    message_facts,
-)
+from celery_beetle.facts import COMPLETED_MARK, FACTS_HEADER, message_facts
+from celery_beetle.gate import BadInput, DeliveryGate
 from celery_beetle.redis_health import STORE_ERRORS, RedisProbe
 from celery_beetle.retry_queue import RawMessage
 from celery_beetle.settings import BeetleSettings

@@ -37,9 +37,9 @@ Nothing here imports Celery: the consumer bootstep (:mod:`celery_beetle.bootstep
 gate a timer, the prefetch QoS, a dead-letter publisher and the task strategy to start; unit
 tests give it fakes and a :class:`~celery_beetle.fake_store.FakeStore`.
 
-The gate writes its findings for the pool into the delivery's headers under
-:data:`FACTS_HEADER` (Celery copies message headers into ``task.request``), so the claim in
-the pool uses the same queue, ``message_id`` and expiry as the gate did.
+The gate writes its findings for the pool into the delivery's headers (see
+:mod:`celery_beetle.facts`), so the claim in the pool uses the same queue, ``message_id``
+and expiry as the gate did.
 """
 
 from __future__ import annotations
@@ -51,30 +51,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from celery_beetle.facts import COMPLETED_MARK, FACTS_HEADER, message_facts
 from celery_beetle.outcome import Gate as Verdict
 from celery_beetle.redis_health import STORE_ERRORS
 from celery_beetle.state import MessageFacts, Status
 from celery_beetle.store import Store, wall_clock_ms
-from kombu_beetle.envelope import EXPIRES_AT_HEADER, PUBLISHED_AT_HEADER
 from kombu_beetle.trace import NullTracer
 
-__all__ = [
-    "COMPLETED_MARK",
-    "FACTS_HEADER",
-    "BadInput",
-    "DeliveryGate",
-    "facts_from_headers",
-    "message_facts",
-]
+__all__ = ["BadInput", "DeliveryGate"]
 
 logger = logging.getLogger(__name__)
-
-#: Header the gate adds to a delivery for the pool: ``{"queue", "message_id", "expires_at_ms"}``.
-#: It is stripped again before a message is republished (retry, dead letter).
-FACTS_HEADER = "beetle_facts"
-#: Set in that header by :class:`~celery_beetle.bootstep.BeetleRequest` when the run
-#: completed, so the gate can drop the other copy without asking Redis.
-COMPLETED_MARK = "completed"
 
 
 class BadInput(str, enum.Enum):
@@ -89,49 +75,6 @@ class QoSLike(Protocol):
     def increment_eventually(self, n: int = 1) -> int: ...
 
     def decrement_eventually(self, n: int = 1) -> int: ...
-
-
-def message_facts(
-    queue: str,
-    message_id: str,
-    headers: dict[str, Any] | None,
-    default_ttl_ms: int,
-    now_ms: int,
-) -> MessageFacts:
-    """The dedup identity and expiry of a delivery.
-
-    The expiry is ``x-beetle-expires-at`` (unix seconds) when the transport stamped one;
-    otherwise (a non-redundant BeetleTask) the publish time, or now, plus the default TTL.
-    """
-    headers = headers or {}
-    expires_at_ms = _ms(headers.get(EXPIRES_AT_HEADER), 1000)
-    if expires_at_ms is None:
-        published_ms = _ms(headers.get(PUBLISHED_AT_HEADER), 1) or now_ms
-        expires_at_ms = published_ms + default_ttl_ms
-    return MessageFacts(queue=queue, message_id=message_id, expires_at_ms=expires_at_ms)
-
-
-def facts_from_headers(value: Any) -> MessageFacts | None:
-    """Read back what the gate wrote under :data:`FACTS_HEADER`; None if absent or garbled."""
-    if not isinstance(value, dict):
-        return None
-    try:
-        return MessageFacts(
-            queue=str(value["queue"]),
-            message_id=str(value["message_id"]),
-            expires_at_ms=int(value["expires_at_ms"]),
-        )
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-def _ms(value: Any, scale: int) -> int | None:
-    if value is None:
-        return None
-    try:
-        return int(float(value) * scale)
-    except (TypeError, ValueError):
-        return None
 
 
 @dataclass(eq=False)

@@ -28,7 +28,7 @@ from typing import Any
 
 from kombu.serialization import dumps, registry
 
-from celery_beetle.gate import FACTS_HEADER
+from celery_beetle.facts import FACTS_HEADER
 from kombu_beetle.envelope import REPUBLISHED_HEADER
 
 __all__ = [

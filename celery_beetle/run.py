@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from celery.exceptions import Ignore, Reject, Retry
 
 from celery_beetle.deadletter import dead_letter_headers, publish_dead_letter
-from celery_beetle.gate import FACTS_HEADER, facts_from_headers, message_facts
+from celery_beetle.facts import FACTS_HEADER, facts_from_headers, message_facts
 from celery_beetle.outcome import Claim, Failure, FailureDecision, GiveUpReason, Limits
 from celery_beetle.redis_health import STORE_ERRORS, call_until_stored
 from celery_beetle.retry_queue import RawMessage, publish_delayed, raw_message_from_request

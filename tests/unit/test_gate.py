@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from celery_beetle.facts import FACTS_HEADER, facts_from_headers, message_facts
 from celery_beetle.fake_store import FakeStore
-from celery_beetle.gate import FACTS_HEADER, DeliveryGate, facts_from_headers, message_facts
+from celery_beetle.gate import DeliveryGate
 from celery_beetle.outcome import Limits
 from celery_beetle.state import MessageFacts
 

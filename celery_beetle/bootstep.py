@@ -28,6 +28,7 @@ from kombu.exceptions import ContentDisallowed, DecodeError
 from celery_beetle.deadletter import dead_letter_headers, publish_dead_letter
 from celery_beetle.facts import COMPLETED_MARK, FACTS_HEADER, message_facts
 from celery_beetle.gate import BadInput, DeliveryGate
+from celery_beetle.gate_reads import pipelined_reads_for
 from celery_beetle.redis_health import STORE_ERRORS, RedisProbe
 from celery_beetle.retry_queue import RawMessage
 from celery_beetle.settings import BeetleSettings
@@ -86,7 +87,12 @@ class BeetleGateStep(bootsteps.StartStopStep):
                 gated.append(name)
         if "on_unknown_task" not in vars(c):
             c.on_unknown_task = self._unknown_task_handler(c, c.on_unknown_task)
-        logger.info("beetle: gating %d task(s): %s", len(gated), ", ".join(sorted(gated)))
+        logger.info(
+            "beetle: gating %d task(s) (%s reads): %s",
+            len(gated),
+            "pipelined" if self.gate.reads is not None else "synchronous",
+            ", ".join(sorted(gated)),
+        )
 
     def stop(self, c: Any) -> None:
         if self.gate is not None:
@@ -131,6 +137,7 @@ class BeetleGateStep(bootsteps.StartStopStep):
             tracer=get_tracer(settings.trace_dir, role="worker"),
             message_ttl_ms=settings.message_ttl_ms,
             worker=getattr(c, "hostname", None),
+            reads=pipelined_reads_for(self.store, getattr(c, "hub", None), GATE_SOCKET_TIMEOUT_S),
         )
 
     def queue_of(self, c: Any, message: Any) -> str:

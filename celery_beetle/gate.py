@@ -33,6 +33,11 @@ bad input          **dead-letter** (no ``message_id``, a body that does not deco
                    it to ``<queue>.dead`` with the reason, ack, log
 =================  =====================================================================
 
+On Celery's event loop the read does not block the worker: the reads of one loop pass go to
+Redis as one batch and each delivery goes on from its reply (:mod:`celery_beetle.gate_reads`);
+a copy whose twin is being read waits for that read. Without a loop, or with a Redis Cluster,
+the gate reads synchronously through the store.
+
 Nothing here imports Celery: the consumer bootstep (:mod:`celery_beetle.bootstep`) gives the
 gate a timer, the prefetch QoS, a dead-letter publisher and the task strategy to start; unit
 tests give it fakes and a :class:`~celery_beetle.fake_store.FakeStore`.
@@ -53,8 +58,9 @@ from typing import Any, Protocol
 
 from celery_beetle.facts import COMPLETED_MARK, FACTS_HEADER, message_facts
 from celery_beetle.outcome import Gate as Verdict
+from celery_beetle.outcome import GateDecision, decide_gate
 from celery_beetle.redis_health import STORE_ERRORS
-from celery_beetle.state import MessageFacts, Status
+from celery_beetle.state import MessageFacts, State, Status
 from celery_beetle.store import Store, wall_clock_ms
 from kombu_beetle.trace import NullTracer
 
@@ -127,6 +133,9 @@ class DeliveryGate:
     worker: str | None = None
     stats: Counter[str] = field(default_factory=Counter)
     paused: bool = False
+    #: pipelined reads on the event loop (:mod:`celery_beetle.gate_reads`); None: read
+    #: synchronously through ``store.gate``
+    reads: Any = None
 
     def __post_init__(self) -> None:
         self.generation = 0
@@ -169,6 +178,8 @@ class DeliveryGate:
         """Forget every held delivery: the consumer's connection is going away, so they
         cannot be acked any more and their brokers will deliver them again."""
         self.generation += 1
+        if self.reads is not None:
+            self.reads.close()  # the consumer's restart also empties the event loop
         self._in_flight.clear()
         self._waiting.clear()
         self._parked.clear()
@@ -192,6 +203,8 @@ class DeliveryGate:
         if self._completed_here(d.key):
             self.stats["known_completed"] += 1
             return self._drop(d, "duplicate", status=Status.COMPLETED)
+        if self.reads is not None:
+            return self._read(d)
         try:
             decision = self.store.gate(d.facts)
         except STORE_ERRORS as exc:
@@ -199,6 +212,40 @@ class DeliveryGate:
             self._parked.append(d)
             self.stats["parked"] += 1
             return "parked"
+        return self._decide(d, decision)
+
+    def _read(self, d: Delivery) -> str:
+        """Ask Redis without waiting (:mod:`celery_beetle.gate_reads`); the delivery goes on
+        from the reply. Meanwhile its twin waits for this read instead of making its own."""
+        now = self.clock()
+        if d.facts.expires_at_ms <= now:
+            return self._decide(d, decide_gate(None, d.facts, now))
+        key = d.key
+        self._in_flight.add(key)
+
+        def answered(state: State | None, exc: BaseException | None) -> None:
+            if d.generation != self.generation:
+                return
+            self._in_flight.discard(key)
+            waiters = self._waiting.pop(key, [])
+            if exc is not None:
+                self._pause(exc)
+                self._parked.extend([d, *waiters])
+                self.stats["parked"] += 1 + len(waiters)
+                return
+            self._decide(d, decide_gate(state, d.facts, self.clock()))
+            if not waiters:
+                return
+            if key in self._in_flight:  # it went to the pool: they wait for its run
+                self._waiting.setdefault(key, []).extend(waiters)
+            else:  # dropped or deferred: each looks again (a completion is remembered)
+                self._wake(waiters)
+
+        assert self.reads is not None
+        self.reads.read(d.facts, answered)
+        return "reading"
+
+    def _decide(self, d: Delivery, decision: GateDecision) -> str:
         if decision.outcome is Verdict.RUN:
             return self._run(d)
         if decision.outcome is Verdict.DROP_DUPLICATE:

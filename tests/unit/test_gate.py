@@ -328,3 +328,83 @@ def test_a_soft_time_limit_does_not_stop_a_completion_from_being_stored():
 
     assert call_until_stored(operation, "a completion", sleep=lambda _: None) == "stored"
     assert calls == [0, 1]
+
+
+# Pipelined reads: the gate goes on from each read's reply
+
+
+class ManualReads:
+    """Gate reads answered when the test says so, from the store (as Redis would)."""
+
+    def __init__(self, store: FakeStore) -> None:
+        self.store = store
+        self.asked: list[tuple[MessageFacts, Callable[..., None]]] = []
+        self.closed = 0
+
+    def read(self, facts: MessageFacts, callback: Callable[..., None]) -> None:
+        self.asked.append((facts, callback))
+
+    def answer(self, error: BaseException | None = None) -> None:
+        asked, self.asked = self.asked, []
+        for facts, callback in asked:
+            if error is not None:
+                callback(None, error)
+            else:
+                callback(self.store.peek(facts.queue, facts.message_id), None)
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+@pytest.fixture
+def pipelined(h: Harness) -> ManualReads:
+    h.gate.reads = ManualReads(h.store)
+    return h.gate.reads
+
+
+def test_a_delivery_goes_on_when_its_read_is_answered_and_its_twin_waits_without_a_read(
+    h, pipelined
+):
+    first, second = Message(broker="rabbit-a"), Message(broker="rabbit-b")
+    assert h.deliver(first) == "reading"
+    assert h.deliver(second) == "waiting"
+    assert len(pipelined.asked) == 1 and h.started == []
+    pipelined.answer()
+    assert [m for m, _ in h.started] == [first]
+    _, done = h.started[0]
+    first.headers[FACTS_HEADER]["completed"] = True
+    done()
+    assert second.acks == 1 and pipelined.asked == []
+
+
+def test_twins_of_a_duplicate_found_by_a_read_are_dropped_without_another(h, pipelined):
+    h.store.complete(h.facts(), h.run_elsewhere())
+    first, second = Message(), Message()
+    h.deliver(first)
+    h.deliver(second)
+    pipelined.answer()
+    assert (first.acks, second.acks) == (1, 1)
+    assert pipelined.asked == [] and h.started == []
+
+
+def test_a_failed_read_parks_the_delivery_and_its_twin_until_redis_answers(h, pipelined):
+    first, second = Message(), Message()
+    h.deliver(first)
+    h.deliver(second)
+    h.redis_answers = False
+    pipelined.answer(RedisConnectionError("connection refused"))
+    assert h.gate.paused and h.gate.held == 2
+    h.redis_answers = True
+    h.timer.advance(1.1)
+    assert not h.gate.paused and len(pipelined.asked) == 1  # the twin waits for this read
+    pipelined.answer()
+    assert [m for m, _ in h.started] == [first]
+
+
+def test_a_reply_after_a_consumer_restart_is_ignored(h, pipelined):
+    message = Message()
+    h.deliver(message)
+    h.gate.reset()
+    assert pipelined.closed == 1
+    pipelined.answer()
+    assert h.started == [] and message.acks == 0

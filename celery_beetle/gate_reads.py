@@ -1,0 +1,186 @@
+"""The gate's Redis reads, pipelined on the worker's event loop instead of blocking it.
+
+A synchronous read stops the worker's main process for a whole Redis round trip per
+delivery: no frames are read, no results taken from the pool, no acks written meanwhile.
+:class:`PipelinedReads` writes the ``HMGET`` of every delivery the loop handed to the gate in
+one pass as one batch, and takes the replies when the hub says the socket is readable; the
+gate goes on with each delivery from its reply's callback. Replies come back in the order of
+the requests (one connection), so a FIFO of callbacks matches them.
+
+Faults end the same way as a failed synchronous read: every pending callback gets the
+error, and the gate parks its delivery and pauses (see :mod:`celery_beetle.gate`). A Redis
+that stops answering without closing the socket (SIGSTOP, a partition) is caught by a
+watchdog timer after ``timeout_s``.
+
+Only for clients with one connection pool: plain Redis and a Sentinel-managed master
+(where the pool asks the Sentinels for the master on every new connection). A Redis Cluster
+client spreads keys over nodes, so the gate reads through it synchronously.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from celery_beetle.state import FIELDS, MessageFacts, State
+
+__all__ = ["PipelinedReads", "ReadCallback", "pipelined_reads_for"]
+
+logger = logging.getLogger(__name__)
+
+#: ``callback(state, None)`` with the record (None if absent), or ``callback(None, error)``.
+ReadCallback = Callable[[State | None, BaseException | None], None]
+
+
+class PipelinedReads:
+    """Gate reads on the hub: ``read(facts, callback)`` now, ``callback`` once Redis answers.
+
+    - ``store``: the gate's :class:`~celery_beetle.store.RedisStore` (its client's pool gives
+      the connection; its ``round_trips`` counts one per batch written).
+    - ``hub``: the worker's event loop (``call_soon``, ``call_later``, ``add_reader``,
+      ``remove_reader``).
+    """
+
+    def __init__(self, store: Any, hub: Any, timeout_s: float = 2.0) -> None:
+        self.store = store
+        self.hub = hub
+        self.timeout_s = timeout_s
+        self._connection: Any = None
+        self._fd: int | None = None
+        self._queued: list[tuple[str, ReadCallback]] = []
+        self._pending: deque[tuple[float, ReadCallback]] = deque()
+        self._flush_scheduled = False
+        self._watchdog: Any = None
+
+    def read(self, facts: MessageFacts, callback: ReadCallback) -> None:
+        """Ask for the record of ``facts``; the batch goes out at the end of this loop pass."""
+        self._queued.append((self.store.key(facts.queue, facts.message_id), callback))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.hub.call_soon(self._flush)
+
+    @property
+    def pending(self) -> int:
+        return len(self._queued) + len(self._pending)
+
+    def close(self) -> None:
+        """Drop the connection; pending callbacks get a ConnectionError."""
+        self._fail(redis.exceptions.ConnectionError("the gate's reads were closed"))
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        queued, self._queued = self._queued, []
+        if not queued:
+            return
+        try:
+            connection = self._connect()
+            commands = [("HMGET", key, *FIELDS) for key, _ in queued]
+            connection.send_packed_command(connection.pack_commands(commands), check_health=False)
+        except Exception as exc:
+            self._fail(exc, [callback for _, callback in queued])
+            return
+        self.store.round_trips += 1
+        sent_at = time.monotonic()
+        self._pending.extend((sent_at, callback) for _, callback in queued)
+        if self._watchdog is None:
+            self._watchdog = self.hub.call_later(self.timeout_s, self._check_overdue)
+
+    def _connect(self) -> Any:
+        if self._connection is None:
+            connection = self.store.client.connection_pool.get_connection()
+            try:
+                connection.connect()
+                fd = connection._sock.fileno()
+            except BaseException:
+                self.store.client.connection_pool.release(connection)
+                raise
+            self._connection, self._fd = connection, fd
+            self.hub.add_reader(fd, self._on_readable)
+        return self._connection
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def _on_readable(self, *args: Any) -> None:
+        connection = self._connection
+        if connection is None:
+            return
+        try:
+            while self._pending:
+                values = connection.read_response()
+                _, callback = self._pending.popleft()
+                self._answer(callback, State.from_values(values), None)
+                if not connection.can_read(timeout=0):
+                    break
+            else:  # a reply nobody asked for: the stream is out of step
+                if connection.can_read(timeout=0):
+                    raise redis.exceptions.ConnectionError("unexpected reply on the gate's reads")
+        except Exception as exc:
+            self._fail(exc)
+
+    def _check_overdue(self) -> None:
+        self._watchdog = None
+        if not self._pending:
+            return
+        waited = time.monotonic() - self._pending[0][0]
+        if waited >= self.timeout_s:
+            self._fail(redis.exceptions.TimeoutError(f"no reply from Redis in {waited:.1f} s"))
+            return
+        self._watchdog = self.hub.call_later(self.timeout_s - waited, self._check_overdue)
+
+    # -- faults ----------------------------------------------------------------------------
+
+    def _fail(self, exc: BaseException, extra: list[ReadCallback] | None = None) -> None:
+        """Close the connection and hand ``exc`` to every pending callback."""
+        self._disconnect()
+        callbacks = [callback for _, callback in self._pending] + (extra or [])
+        self._pending.clear()
+        if self._watchdog is not None:
+            self._cancel(self._watchdog)
+            self._watchdog = None
+        for callback in callbacks:
+            self._answer(callback, None, exc)
+
+    def _disconnect(self) -> None:
+        connection, fd = self._connection, self._fd
+        self._connection, self._fd = None, None
+        if fd is not None:
+            try:
+                self.hub.remove_reader(fd)
+            except Exception:  # the hub may be closing too
+                pass
+        if connection is not None:
+            try:
+                connection.disconnect()
+            finally:
+                self.store.client.connection_pool.release(connection)
+
+    @staticmethod
+    def _answer(callback: ReadCallback, state: State | None, exc: BaseException | None) -> None:
+        try:
+            callback(state, exc)
+        except Exception:  # one delivery's bug must not strand the others' replies
+            logger.exception("beetle: the gate failed on a read's reply")
+
+    @staticmethod
+    def _cancel(timer: Any) -> None:
+        cancel = getattr(timer, "cancel", None)
+        if cancel is not None:
+            cancel()
+
+
+def pipelined_reads_for(store: Any, hub: Any, timeout_s: float) -> PipelinedReads | None:
+    """Pipelined reads for ``store`` on ``hub``; None where the gate must read synchronously
+    (no event loop: the solo pool without one, tests; a Redis Cluster client)."""
+    if hub is None:
+        return None
+    client = getattr(store, "client", None)
+    if not isinstance(client, redis.Redis):
+        return None
+    return PipelinedReads(store, hub, timeout_s)

@@ -1,0 +1,112 @@
+"""The gate's pipelined reads on kombu's event loop, against a real Redis.
+
+What the worker relies on: the reads of one loop pass go out as one round trip, each reply
+reaches its own delivery, and every fault (Redis killed, Redis frozen, the loop reset under
+a consumer restart) ends with each pending read answered by an error, never a hang.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from kombu.asynchronous import Hub
+
+from celery_beetle.gate_reads import PipelinedReads, pipelined_reads_for
+from celery_beetle.outcome import Limits
+from celery_beetle.state import MessageFacts, Status
+from celery_beetle.store import RedisStore, wall_clock_ms
+from tests.harness.redis_server import RedisServer
+
+pytestmark = pytest.mark.integration
+
+
+def facts(n: int) -> MessageFacts:
+    return MessageFacts("celery", f"m-{n}", expires_at_ms=wall_clock_ms() + 60_000)
+
+
+def spin(hub: Hub, until: Any, timeout: float = 5.0) -> None:
+    """Run the event loop until ``until()`` is true."""
+    loop = hub.create_loop()
+    deadline = time.monotonic() + timeout
+    while not until():
+        assert time.monotonic() < deadline, "the loop did not get there in time"
+        next(loop)
+
+
+@pytest.fixture
+def hub() -> Any:
+    hub = Hub()
+    yield hub
+    hub.close()
+
+
+def test_reads_of_one_loop_pass_go_out_as_one_round_trip_and_each_gets_its_record(redis_url, hub):
+    store = RedisStore.from_url(redis_url)
+    claimed = store.claim(facts(1), Limits(60_000), "w1")
+    store.complete(facts(2), store.claim(facts(2), Limits(60_000), "w1").token)
+    reads = pipelined_reads_for(store, hub, 2.0)
+    assert isinstance(reads, PipelinedReads)
+    before = store.round_trips
+    answers: dict[int, Any] = {}
+    for n in (1, 2, 3):
+        reads.read(facts(n), lambda state, exc, n=n: answers.setdefault(n, (state, exc)))
+    spin(hub, lambda: len(answers) == 3)
+    assert store.round_trips - before == 1
+    assert answers[1][0].status is Status.RUNNING and answers[1][0].token == claimed.token
+    assert answers[2][0].status is Status.COMPLETED
+    assert answers[3] == (None, None)
+    reads.close()
+
+
+def test_a_killed_redis_answers_every_pending_read_with_an_error(tmp_path, hub):
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        reads = PipelinedReads(RedisStore.from_url(server.url), hub, timeout_s=2.0)
+        answers: list[Any] = []
+        reads.read(facts(1), lambda state, exc: answers.append((state, exc)))
+        spin(hub, lambda: answers)
+        server.kill()
+        reads.read(facts(2), lambda state, exc: answers.append((state, exc)))
+        reads.read(facts(3), lambda state, exc: answers.append((state, exc)))
+        spin(hub, lambda: len(answers) == 3)
+        assert answers[0] == (None, None)
+        assert all(state is None and exc is not None for state, exc in answers[1:])
+        server.start()  # the next read connects again
+        reads.read(facts(4), lambda state, exc: answers.append((state, exc)))
+        spin(hub, lambda: len(answers) == 4)
+        assert answers[3] == (None, None)
+    finally:
+        server.kill()
+
+
+def test_a_frozen_redis_fails_pending_reads_after_the_timeout(tmp_path, hub):
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        reads = PipelinedReads(RedisStore.from_url(server.url), hub, timeout_s=0.5)
+        answers: list[Any] = []
+        reads.read(facts(1), lambda state, exc: answers.append((state, exc)))
+        spin(hub, lambda: answers)
+        server.pause()
+        started = time.monotonic()
+        reads.read(facts(2), lambda state, exc: answers.append((state, exc)))
+        spin(hub, lambda: len(answers) == 2)
+        assert 0.4 < time.monotonic() - started < 3
+        assert answers[1][0] is None and "no reply" in str(answers[1][1])
+    finally:
+        server.resume()
+        server.kill()
+
+
+def test_closing_answers_pending_reads_so_a_consumer_restart_strands_none(redis_url, hub):
+    reads = PipelinedReads(RedisStore.from_url(redis_url), hub)
+    answers: list[Any] = []
+    reads.read(facts(1), lambda state, exc: answers.append((state, exc)))
+    reads._flush()  # what the loop's next pass does: written, its reply not read yet
+    assert reads.pending == 1 and not answers
+    reads.close()
+    assert len(answers) == 1 and answers[0][1] is not None
+    assert reads.pending == 0

@@ -18,6 +18,8 @@ Read from the Celery app's configuration (``app.conf``):
                                 seconds (86400)
 ``beetle_key_ttl_margin``       how long a record outlives its message, seconds (3600)
 ``beetle_key_prefix``           prefix of the Redis keys (``beetle:``)
+``beetle_redis_wait_replicas``  replicas that must acknowledge every write before it
+                                counts as stored (0: none; not for Cluster)
 ==============================  =====================================================
 
 The dedup store's URL (``beetle_redis_url``) takes one of these forms::
@@ -74,6 +76,7 @@ _APP_OPTIONS: Mapping[str, str] = {
     "beetle_message_ttl": "message_ttl_s",
     "beetle_key_ttl_margin": "key_ttl_margin_s",
     "beetle_key_prefix": "key_prefix",
+    "beetle_redis_wait_replicas": "redis_wait_replicas",
     **{f"beetle_default_{name}": attr for name, attr in TASK_OPTIONS.items()},
 }
 
@@ -98,6 +101,7 @@ class BeetleSettings:
     message_ttl_s: float = 86_400.0
     key_ttl_margin_s: float = 3_600.0
     key_prefix: str = "beetle:"
+    redis_wait_replicas: int = 0
     trace_dir: str | None = None
     retry_on_classes: tuple[type[BaseException], ...] = field(init=False, compare=False, default=())
 
@@ -107,7 +111,7 @@ class BeetleSettings:
                 "no Redis URL for the dedup store: set app.conf.beetle_redis_url, "
                 "e.g. 'redis://localhost:6379/0'"
             )
-        parse_store_url(self.redis_url)
+        address = parse_store_url(self.redis_url)
         for name in (
             "lease_timeout_s",
             "delay_s",
@@ -143,6 +147,16 @@ class BeetleSettings:
             self.max_delay_s >= self.delay_s,
             f"max_delay_s ({self.max_delay_s!r}) is less than delay_s ({self.delay_s!r}): "
             f"raise max_delay_s or lower delay_s",
+        )
+        _require(
+            _is_int(self.redis_wait_replicas) and self.redis_wait_replicas >= 0,
+            f"redis_wait_replicas must be an integer of at least 0, "
+            f"got {self.redis_wait_replicas!r}",
+        )
+        _require(
+            not (self.redis_wait_replicas and address.kind == "cluster"),
+            "redis_wait_replicas is not supported on Redis Cluster: set it to 0, or use a "
+            "redis:// or redis+sentinel:// URL",
         )
         _require(
             "{" not in self.key_prefix and "}" not in self.key_prefix,

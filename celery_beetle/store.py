@@ -6,6 +6,12 @@ all of a message in one slot; its fields are described in :mod:`celery_beetle.st
 change is one script from ``scripts/`` (one round trip, atomic), the gate's read is one HMGET,
 and every write sets a TTL past the message's expiry: there is no GC daemon.
 
+Redis replicates asynchronously, so a write the master acknowledged may be missing on the
+replica a Sentinel promotes, and a message whose claim or completion is lost can run again.
+``wait_replicas=n`` (``beetle_redis_wait_replicas``) sends every script with ``WAIT n`` in the
+same pipeline, still one round trip, and counts a write fewer than ``n`` replicas acknowledged
+as not stored (:class:`ReplicaAckTimeout`).
+
 A redundant pair that runs once costs 4 round trips (gate read, claim, complete, gate read of
 the second copy, which is dropped); beetle needs 8-9. ``round_trips`` counts them for
 ``benchmarks/bench_store.py``.
@@ -47,7 +53,9 @@ from celery_beetle.state import FIELDS, MAX_OWNER_LENGTH, MessageFacts, State, S
 __all__ = [
     "DEFAULT_KEY_PREFIX",
     "DEFAULT_TTL_MARGIN_MS",
+    "DEFAULT_WAIT_TIMEOUT_MS",
     "RedisStore",
+    "ReplicaAckTimeout",
     "Store",
     "connect",
     "wall_clock_ms",
@@ -55,6 +63,8 @@ __all__ = [
 
 DEFAULT_KEY_PREFIX = "beetle:"
 DEFAULT_TTL_MARGIN_MS = 3_600_000
+#: how long ``WAIT`` blocks for replica acks; below the socket timeout, so it answers first
+DEFAULT_WAIT_TIMEOUT_MS = 1_000
 
 # A hung Redis must not hang the worker: the gate and the pool both wait on it.
 _CLIENT_DEFAULTS: dict[str, Any] = {"socket_timeout": 5.0, "socket_connect_timeout": 5.0}
@@ -87,6 +97,15 @@ def connect(url: str, **client_kwargs: Any) -> Any:
     sentinel = Sentinel(list(address.hosts), sentinel_kwargs=sentinel_kwargs, ssl=address.tls)
     assert address.service_name is not None
     return sentinel.master_for(address.service_name, db=address.db, **kwargs)
+
+
+class ReplicaAckTimeout(redis.exceptions.TimeoutError):
+    """Fewer replicas than ``wait_replicas`` acknowledged a write in time.
+
+    The write is on the master but might not survive a failover, so it counts as not stored.
+    A redis-py ``TimeoutError``, hence one of the store errors the worker already handles: a
+    claim hands the message back, a completion or failure is retried until it is stored.
+    """
 
 
 class Store(abc.ABC):
@@ -169,6 +188,10 @@ class RedisStore(Store):
     is unreachable, redis-py's ``ConnectionError`` or ``TimeoutError`` reaches the caller,
     which stops taking messages (gate) or retries the write (a completion may be retried:
     see :func:`~celery_beetle.outcome.decide_complete`).
+
+    With ``wait_replicas`` > 0 each script is pipelined with ``WAIT wait_replicas
+    wait_timeout_ms``; too few acks raise :class:`ReplicaAckTimeout`. Not for Redis Cluster,
+    whose pipelines cannot send ``WAIT`` on the connection that wrote.
     """
 
     SCRIPTS = ("claim", "complete", "fail", "extend", "release", "reject")
@@ -180,9 +203,20 @@ class RedisStore(Store):
         key_prefix: str = DEFAULT_KEY_PREFIX,
         ttl_margin_ms: int = DEFAULT_TTL_MARGIN_MS,
         clock: Callable[[], int] = wall_clock_ms,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS,
     ) -> None:
         super().__init__(key_prefix=key_prefix, ttl_margin_ms=ttl_margin_ms, clock=clock)
+        if wait_replicas < 0 or wait_timeout_ms <= 0:
+            raise ValueError(
+                f"wait_replicas must be 0 or more and wait_timeout_ms positive, "
+                f"got {wait_replicas} and {wait_timeout_ms}"
+            )
+        if wait_replicas and isinstance(client, RedisCluster):
+            raise ValueError("wait_replicas is not supported on Redis Cluster")
         self.client = client
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = wait_timeout_ms
         self._scripts = {name: client.register_script(script_source(name)) for name in self.SCRIPTS}
 
     @classmethod
@@ -193,6 +227,7 @@ class RedisStore(Store):
         key_prefix: str = DEFAULT_KEY_PREFIX,
         ttl_margin_ms: int = DEFAULT_TTL_MARGIN_MS,
         clock: Callable[[], int] = wall_clock_ms,
+        wait_replicas: int = 0,
         **client_kwargs: Any,
     ) -> RedisStore:
         """A store on a URL of :mod:`celery_beetle.settings`. Redis and Sentinel clients
@@ -202,6 +237,7 @@ class RedisStore(Store):
             key_prefix=key_prefix,
             ttl_margin_ms=ttl_margin_ms,
             clock=clock,
+            wait_replicas=wait_replicas,
         )
 
     @classmethod
@@ -214,6 +250,7 @@ class RedisStore(Store):
             key_prefix=settings.key_prefix,
             ttl_margin_ms=settings.key_ttl_margin_ms,
             clock=clock,
+            wait_replicas=settings.redis_wait_replicas,
         )
 
     def __repr__(self) -> str:
@@ -317,8 +354,33 @@ class RedisStore(Store):
 
     def _run(self, name: str, facts: MessageFacts, *args: Any) -> list[Any]:
         self.round_trips += 1
-        reply = self._scripts[name](keys=[self.key(facts.queue, facts.message_id)], args=args)
+        keys = [self.key(facts.queue, facts.message_id)]
+        if self.wait_replicas:
+            reply = self._run_and_wait(self._scripts[name], keys, args)
+        else:
+            reply = self._scripts[name](keys=keys, args=args)
         return [v.decode() if isinstance(v, bytes) else v for v in reply]
+
+    def _run_and_wait(self, script: Any, keys: list[str], args: Sequence[Any]) -> Any:
+        """EVALSHA, then WAIT on the same connection, in one round trip."""
+        for loaded in (False, True):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
+            reply, acked = pipe.execute(raise_on_error=False)
+            if isinstance(reply, redis.exceptions.NoScriptError) and not loaded:
+                self.client.script_load(script.script)  # lost by the server (a failover)
+                continue
+            for value in (reply, acked):
+                if isinstance(value, Exception):
+                    raise value
+            if acked < self.wait_replicas:
+                raise ReplicaAckTimeout(
+                    f"{acked} of {self.wait_replicas} replica(s) acknowledged the write "
+                    f"within {self.wait_timeout_ms} ms"
+                )
+            return reply
+        raise AssertionError("unreachable")
 
 
 def _fence(reply: Sequence[Any]) -> FenceDecision:

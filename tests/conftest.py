@@ -5,6 +5,7 @@
   (`.nodes`, `.vhost`, `.beetle_url`, `.url_for(*indexes)`); the vhost is deleted after.
 - `redis_server` (session): one `RedisServer`; `redis_url`: its URL with the db flushed.
 - `redis_aof`: a fresh `RedisServer` with appendonly, for kill -9 and restart tests.
+- `redis_sentinel`: a fresh `SentinelSet` (master, replica, Sentinel), for failover tests.
 - `tcp_proxy`: a factory, `tcp_proxy(node)` -> a started `TcpProxy` in front of that node.
 
 Servers come from the installed binaries; a missing binary skips the test locally and fails it
@@ -38,6 +39,7 @@ from tests.harness import (
     redis_server_binary,
     start_all,
 )
+from tests.harness.sentinel import SentinelSet
 
 NODE_COUNT = 3
 TEST_VHOST_PREFIX = "test-"
@@ -173,6 +175,19 @@ def redis_aof(tmp_path: Path) -> Iterator[RedisServer]:
     server.start()
     yield server
     server.kill()
+
+
+@pytest.fixture
+def redis_sentinel(tmp_path: Path) -> Iterator[SentinelSet]:
+    """A fresh master, replica and Sentinel that fails over about 2-3 s after a kill -9."""
+    if redis_server_binary() is None:
+        _server_missing("redis-server")
+    trio = SentinelSet(tmp_path / "redis-sentinel")
+    try:
+        trio.start()
+        yield trio
+    finally:
+        trio.stop()
 
 
 # -- network faults ----------------------------------------------------------------------------

@@ -28,11 +28,12 @@ def messages(request: pytest.FixtureRequest) -> int:
 
 @pytest.fixture
 def chaos(brokers: Any, redis_url: str, tmp_path: Path) -> Iterator[Callable[..., ChaosRun]]:
-    """``chaos(name, redis_url=None)`` -> a ChaosRun; its workers are killed after the test."""
+    """``chaos(name, redis=None, conf=None, task_options=None)`` -> a ChaosRun (``conf``: more
+    app settings, ``task_options``: over the short lease's); its workers are killed after."""
     runs: list[ChaosRun] = []
 
-    def make(name: str, redis: str | None = None) -> ChaosRun:
-        run = ChaosRun(name, brokers, redis or redis_url, tmp_path / name)
+    def make(name: str, redis: str | None = None, **options: Any) -> ChaosRun:
+        run = ChaosRun(name, brokers, redis or redis_url, tmp_path / name, **options)
         runs.append(run)
         return run
 

@@ -79,10 +79,21 @@ class Publisher(threading.Thread):
 class ChaosRun:
     """Workers, a publisher and the files they leave, for one scenario."""
 
-    def __init__(self, name: str, brokers: Any, redis_url: str, base: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        brokers: Any,
+        redis_url: str,
+        base: Path,
+        *,
+        conf: dict[str, Any] | None = None,
+        task_options: dict[str, Any] | None = None,
+    ) -> None:
         self.name = name
         self.brokers = brokers
         self.redis_url = redis_url
+        self.conf = conf or {}  # more app.conf settings for the workers
+        self.task_options = {**TASK_OPTIONS, **(task_options or {})}
         self.base = base
         self.trace_dir = base / "trace"
         self.trace_dir.mkdir(parents=True, exist_ok=True)
@@ -104,8 +115,9 @@ class ChaosRun:
             "BEETLE_TEST_REDIS": self.redis_url,
             "BEETLE_TEST_OUT": str(out),
             "BEETLE_TEST_OPTIONS": json.dumps(FAST),
-            "BEETLE_TEST_TASK": json.dumps(TASK_OPTIONS),
+            "BEETLE_TEST_TASK": json.dumps(self.task_options),
             "BEETLE_TEST_TRACE": str(self.trace_dir),
+            "BEETLE_TEST_CONF": json.dumps(self.conf),
         }
         worker = WorkerProcess(
             "tests.exactly_once.app",
@@ -126,7 +138,9 @@ class ChaosRun:
 
         url = url or self.brokers.beetle_url
         options = {**FAST, "trace_dir": str(self.trace_dir)}
-        app = make_app(url, self.redis_url, transport_options=options, task_options=TASK_OPTIONS)
+        app = make_app(
+            url, self.redis_url, transport_options=options, task_options=self.task_options
+        )
         self.publisher = Publisher(app, url, count, interval_s, sleep_s)
         self.publisher.start()
         return self.publisher

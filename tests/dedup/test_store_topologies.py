@@ -2,7 +2,8 @@
 
 A Sentinel monitors the session's throwaway Redis; a one-node cluster owns every slot.
 The same claim → complete → duplicate sequence must work through both clients, with every
-key of a message in one slot (the hash tag in ``beetle:{queue:message_id}``).
+key of a message in one slot (the hash tag in ``beetle:{queue:message_id}``). With
+``wait_replicas`` a write counts only once a replica has it, still in one round trip.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import pytest
 import redis
 
 from celery_beetle.outcome import Fence, Gate, Limits
+from celery_beetle.redis_health import STORE_ERRORS
 from celery_beetle.state import MessageFacts
-from celery_beetle.store import RedisStore, wall_clock_ms
+from celery_beetle.store import RedisStore, ReplicaAckTimeout, connect, wall_clock_ms
 from tests.harness.ports import free_port
 from tests.harness.redis_server import redis_server_binary
 
@@ -95,4 +97,29 @@ def test_the_store_works_through_a_cluster_url(cluster_url):
     store = RedisStore.from_url(cluster_url)
     _claim_complete_and_drop(store)
     assert store.key("orders", "m-topology") == "beetle:{orders:m-topology}"
+    store.close()
+
+
+def test_with_wait_replicas_each_write_is_one_round_trip_acknowledged_by_the_replica(
+    redis_sentinel,
+):
+    store = RedisStore.from_url(redis_sentinel.url, wait_replicas=1)
+    _claim_complete_and_drop(store)
+    assert store.round_trips == 4  # claim, complete, gate read, ttl: WAIT rides along
+    replica = redis_sentinel.nodes[1]
+    with replica.client(decode_responses=True) as client:
+        assert client.hget("beetle:{orders:m-topology}", "s") == "c"
+    store.close()
+
+
+def test_a_write_no_replica_acknowledged_is_a_store_error(redis_sentinel):
+    store = RedisStore(connect(redis_sentinel.url), wait_replicas=1, wait_timeout_ms=200)
+    facts = MessageFacts("orders", "m-unacked", expires_at_ms=wall_clock_ms() + 60_000)
+    redis_sentinel.nodes[1].pause()  # the replica stops acknowledging
+    try:
+        with pytest.raises(ReplicaAckTimeout, match="0 of 1 replica") as error:
+            store.claim(facts, Limits(), "test:1")
+    finally:
+        redis_sentinel.nodes[1].resume()
+    assert isinstance(error.value, STORE_ERRORS)  # the worker hands back or retries
     store.close()

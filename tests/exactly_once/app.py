@@ -9,6 +9,7 @@ publisher with :func:`make_app` on the same brokers:
   ``BEETLE_TEST_BACKEND`` an optional result backend, ``BEETLE_TEST_TRACE`` a trace dir;
 - ``BEETLE_TEST_TASK`` JSON BeetleTask options for the ``eo.*`` tasks
   (``timeout``, ``attempts``, ``exceptions``, ``delay``, ``max_delay``);
+- ``BEETLE_TEST_CONF`` JSON of more ``app.conf`` settings (e.g. ``beetle_redis_wait_replicas``);
 - ``BEETLE_TEST_SLOW`` a factor on ``eo.record``'s sleep (``0`` for a worker that must not
   sleep, e.g. the one taking over from a worker killed mid-sleep);
 - ``BEETLE_TEST_OUT`` a file every run appends lines to:
@@ -46,6 +47,7 @@ def make_app(
     trace_dir: str | None = None,
     task_options: dict[str, Any] | None = None,
     out: str = "/dev/null",
+    conf: dict[str, Any] | None = None,
 ) -> Celery:
     app = Celery("beetle_eo", broker=broker_url, set_as_current=False)
     app.conf.broker_transport_options = transport_options or {}
@@ -56,6 +58,7 @@ def make_app(
     app.conf.result_backend = backend or None
     app.conf.beetle_redis_url = redis_url
     app.conf.beetle_trace_dir = trace_dir or None
+    app.conf.update(conf or {})
     celery_beetle.install(app)
     options = {**DEFAULT_OPTIONS, **(task_options or {})}
 
@@ -101,4 +104,5 @@ app = make_app(
     trace_dir=os.environ.get("BEETLE_TEST_TRACE"),
     task_options=json.loads(os.environ.get("BEETLE_TEST_TASK", "{}")),
     out=os.environ.get("BEETLE_TEST_OUT", "/dev/null"),
+    conf=json.loads(os.environ.get("BEETLE_TEST_CONF", "{}")),
 )

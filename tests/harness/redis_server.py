@@ -14,6 +14,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +39,18 @@ class RedisServer:
 
     host = "127.0.0.1"
 
-    def __init__(self, base_dir: Path | str | None = None, *, appendonly: bool = False) -> None:
+    def __init__(
+        self,
+        base_dir: Path | str | None = None,
+        *,
+        appendonly: bool = False,
+        extra_args: Sequence[str] = (),
+    ) -> None:
         self.base_dir = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="redis-"))
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.appendonly = appendonly
+        #: more redis-server arguments (e.g. ``--replicaof``), read at every (re)start
+        self.extra_args = list(extra_args)
         self.port = free_port()
         self.log_path = self.base_dir / "redis.log"
         self._proc: subprocess.Popen[bytes] | None = None
@@ -96,6 +105,7 @@ class RedisServer:
             "--save", "",
             "--appendonly", "yes" if self.appendonly else "no",
             "--appendfsync", "always",
+            *self.extra_args,
         ]  # fmt: skip
         self._proc = subprocess.Popen(
             command,

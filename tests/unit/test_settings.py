@@ -71,6 +71,8 @@ def test_a_bad_redis_url_shows_the_expected_forms():
         ({"message_ttl_s": 0}, "message_ttl_s must be a positive"),
         ({"key_prefix": "a{b"}, "must not contain braces"),
         ({"lease_timeout_s": "300"}, "must be a number of seconds"),
+        ({"redis_wait_replicas": -1}, "redis_wait_replicas must be an integer of at least 0"),
+        ({"redis_wait_replicas": True}, "redis_wait_replicas must be an integer of at least 0"),
     ],
 )
 def test_invalid_settings_are_refused_with_a_clear_message(changes, hint):
@@ -225,3 +227,16 @@ def test_a_sentinel_store_is_built_without_connecting():
     store = RedisStore.from_url("redis+sentinel://127.0.0.1:1/mymaster/1")
     assert store.client.connection_pool.service_name == "mymaster"
     assert "mymaster" in repr(store)
+
+
+def test_wait_replicas_comes_from_app_conf_and_reaches_the_store():
+    app = make_app(beetle_redis_url=URL, beetle_redis_wait_replicas=1)
+    settings = BeetleSettings.from_app(app)
+    assert settings.redis_wait_replicas == 1
+    assert RedisStore.from_settings(settings).wait_replicas == 1
+    assert BeetleSettings(URL).redis_wait_replicas == 0  # off unless asked for
+
+
+def test_wait_replicas_on_a_cluster_url_is_refused_at_start():
+    with pytest.raises(ValueError, match="not supported on Redis Cluster"):
+        BeetleSettings("redis+cluster://h1:7000,h2:7001", redis_wait_replicas=1)

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import logging
 import time
+from struct import pack
 from typing import TYPE_CHECKING, Any
 
 import amqp
 from amqp import spec
 from amqp.exceptions import MessageNacked, RecoverableConnectionError
+from amqp.method_framing import FRAME_OVERHEAD
+from amqp.serialization import dumps
 
 from .brokers import LINK_ERRORS, BrokerChannel, BrokerLink, fail_or_raise
 from .envelope import REPUBLISHED_HEADER, ensure_message_id, is_redundant, stamp_redundant
@@ -33,6 +36,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _CONFIRMS = [spec.Basic.Ack, spec.Basic.Nack]
+_PUBLISH_SIG = pack(">HH", *spec.Basic.Publish)
 
 
 def _trace(
@@ -69,18 +73,62 @@ def _write(
     routing_key: str,
     mandatory: bool,
     immediate: bool,
+    encoded: dict[int, bytes] | None = None,
 ) -> None:
     """``basic.publish`` without py-amqp's pre-publish poll for ``connection.blocked``.
 
     py-amqp reads the socket before every publish to notice a blocked connection; here the
     confirm wait reads it right after, so the poll (a recv and two settimeout calls per copy)
-    is skipped.  The socket's timeout bounds the write if the broker stops reading.
+    is skipped.  The socket's timeout bounds the write if the broker stops reading.  With
+    ``encoded`` (a redundant message), the frames are built once per channel number and the
+    same bytes go to every broker.
     """
-    if sub.connection is None:
+    connection = sub.connection
+    if connection is None:
         raise RecoverableConnectionError("basic_publish: connection closed")
+    if encoded is not None:
+        data = encoded.get(sub.channel_id)
+        if data is None:
+            frame_max = connection.frame_max
+            args = (sub.channel_id, message, exchange, routing_key, mandatory, immediate, frame_max)
+            data = encoded[sub.channel_id] = _encode(*args)
+        if data:
+            # one write of whole frames, as py-amqp's writer makes (a kombu connection is
+            # used by one thread at a time, so no lock is needed around it)
+            connection.transport.write(data)
+            connection.bytes_sent += 1  # py-amqp's count of frames sent, for heartbeats
+            return
     sub.send_method(
         spec.Basic.Publish, "Bssbb", (0, exchange, routing_key, mandatory, immediate), message
     )
+
+
+def _encode(
+    channel_id: int,
+    message: amqp.Message,
+    exchange: str,
+    routing_key: str,
+    mandatory: bool,
+    immediate: bool,
+    frame_max: int,
+) -> bytes:
+    """The frames of one ``basic.publish`` as bytes, so that both copies of a redundant
+    message are serialized once (py-amqp would encode the properties again per broker).
+    Empty when the message needs more than one body frame: then py-amqp writes it."""
+    args = dumps("Bssbb", (0, exchange, routing_key, mandatory, immediate))
+    body = message.body
+    if isinstance(body, str):
+        body = body.encode(message.properties.setdefault("content_encoding", "utf-8"))
+    properties = message._serialize_properties()
+    if len(args) + len(properties) + len(body) + FRAME_OVERHEAD > frame_max - 8:
+        return b""
+    method = _PUBLISH_SIG + args
+    header = pack(">HHQ", 60, 0, len(body)) + properties
+    parts = [pack(">BHI", 1, channel_id, len(method)), method, b"\xce"]
+    parts += [pack(">BHI", 2, channel_id, len(header)), header, b"\xce"]
+    if body:
+        parts += [pack(">BHI", 3, channel_id, len(body)), body, b"\xce"]
+    return b"".join(parts)
 
 
 def _confirm_handler(method: Any, *args: Any) -> None:
@@ -118,6 +166,7 @@ def publish(
     failed: list[str] = []
     nacked = False
     position = 0
+    encoded: dict[int, bytes] | None = {} if wanted > 1 else None
     while len(done) < wanted and position < len(candidates):
         batch: list[tuple[BrokerLink, BrokerChannel]] = []
         while len(done) + len(batch) < wanted and position < len(candidates):
@@ -127,7 +176,7 @@ def publish(
                 continue
             try:
                 sub = channel.sub_for(link)
-                _write(sub, message, exchange, routing_key, mandatory, immediate)
+                _write(sub, message, exchange, routing_key, mandatory, immediate, encoded)
             except LINK_ERRORS as exc:
                 failed.append(link.name)
                 fail_or_raise(link, exc)

@@ -54,6 +54,25 @@ def test_redundant_copies_share_one_message_id_and_the_beetle_headers(brokers, c
     assert headers["x-beetle-expires-at"] > headers["x-beetle-published-at"] / 1000
 
 
+@pytest.mark.parametrize("size", [0, 1_000, 300_000], ids=["empty", "small", "over-frame-max"])
+def test_both_copies_carry_the_same_body_and_properties_whatever_the_size(brokers, connect, size):
+    body = "é" * size
+    Producer(connect().default_channel).publish(
+        body,
+        routing_key="work",
+        declare=[QUEUE],
+        headers={FLAGS_HEADER: 1, "nested": {"list": [1, "two", None]}},
+        priority=3,
+        correlation_id="c-1",
+    )
+    copies = [m for node in brokers.nodes for m in node.get_messages(brokers.vhost, "work")]
+    assert len(copies) == 2
+    (_, first, first_body), (_, second, second_body) = copies
+    assert first_body == second_body == body.encode()
+    assert first.headers == second.headers and first.headers["nested"]["list"] == [1, "two", None]
+    assert (first.priority, first.correlation_id, first.message_id) == (3, "c-1", second.message_id)
+
+
 def test_a_queue_marked_redundant_by_option_gets_two_copies(brokers, connect):
     conn = connect(redundant_queues="work")
     Producer(conn.default_channel).publish(

@@ -179,7 +179,7 @@ def redis_aof(tmp_path: Path) -> Iterator[RedisServer]:
 
 @pytest.fixture
 def redis_sentinel(tmp_path: Path) -> Iterator[SentinelSet]:
-    """A fresh master, replica and Sentinel that fails over about 2-3 s after a kill -9."""
+    """A fresh master, replica and Sentinel that fails over about 3-4 s after a kill -9."""
     if redis_server_binary() is None:
         _server_missing("redis-server")
     trio = SentinelSet(tmp_path / "redis-sentinel")

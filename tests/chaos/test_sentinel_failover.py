@@ -4,7 +4,7 @@ Workers and the publisher use the ``redis+sentinel://`` URL, so they find the ne
 themselves; no worker is restarted. Replication is asynchronous: a claim or completion the
 old master acknowledged but never sent to its replica is missing on the new master, and its
 message runs again. So the replica is cut off for half a second before the kill, as a lagging
-replica would be (without the setting below that ran 1-5 messages twice in 4 of 5 runs), and
+replica would be (without the setting below that ran 1-5 messages twice in 8 of 9 runs), and
 the workers set ``beetle_redis_wait_replicas=1``: every write waits for the replica's ack
 (``WAIT`` in the same round trip) or counts as not stored. The old master rejoins as a
 replica, because with ``WAIT 1`` no write counts while the new master has none.

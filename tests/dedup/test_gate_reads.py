@@ -36,6 +36,26 @@ def spin(hub: Hub, until: Any, timeout: float = 5.0) -> None:
 
 
 @pytest.fixture
+def own_redis(tmp_path) -> Any:
+    """A Redis server this test alone kills and freezes."""
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    yield server
+    if server.is_paused:
+        server.resume()
+    server.kill()
+
+
+def first_answer(reads: PipelinedReads, hub: Hub) -> list[Any]:
+    """Read once (connecting); return the list later answers are appended to."""
+    answers: list[Any] = []
+    reads.read(facts(1), lambda state, exc: answers.append((state, exc)))
+    spin(hub, lambda: answers)
+    assert answers == [(None, None)]
+    return answers
+
+
+@pytest.fixture
 def hub() -> Any:
     hub = Hub()
     yield hub
@@ -60,45 +80,29 @@ def test_reads_of_one_loop_pass_go_out_as_one_round_trip_and_each_gets_its_recor
     reads.close()
 
 
-def test_a_killed_redis_answers_every_pending_read_with_an_error(tmp_path, hub):
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    try:
-        reads = PipelinedReads(RedisStore.from_url(server.url), hub, timeout_s=2.0)
-        answers: list[Any] = []
-        reads.read(facts(1), lambda state, exc: answers.append((state, exc)))
-        spin(hub, lambda: answers)
-        server.kill()
-        reads.read(facts(2), lambda state, exc: answers.append((state, exc)))
-        reads.read(facts(3), lambda state, exc: answers.append((state, exc)))
-        spin(hub, lambda: len(answers) == 3)
-        assert answers[0] == (None, None)
-        assert all(state is None and exc is not None for state, exc in answers[1:])
-        server.start()  # the next read connects again
-        reads.read(facts(4), lambda state, exc: answers.append((state, exc)))
-        spin(hub, lambda: len(answers) == 4)
-        assert answers[3] == (None, None)
-    finally:
-        server.kill()
+def test_a_killed_redis_answers_every_pending_read_with_an_error(own_redis, hub):
+    reads = PipelinedReads(RedisStore.from_url(own_redis.url), hub, timeout_s=2.0)
+    answers = first_answer(reads, hub)
+    own_redis.kill()
+    reads.read(facts(2), lambda state, exc: answers.append((state, exc)))
+    reads.read(facts(3), lambda state, exc: answers.append((state, exc)))
+    spin(hub, lambda: len(answers) == 3)
+    assert all(state is None and exc is not None for state, exc in answers[1:])
+    own_redis.start()  # the next read connects again
+    reads.read(facts(4), lambda state, exc: answers.append((state, exc)))
+    spin(hub, lambda: len(answers) == 4)
+    assert answers[3] == (None, None)
 
 
-def test_a_frozen_redis_fails_pending_reads_after_the_timeout(tmp_path, hub):
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    try:
-        reads = PipelinedReads(RedisStore.from_url(server.url), hub, timeout_s=0.5)
-        answers: list[Any] = []
-        reads.read(facts(1), lambda state, exc: answers.append((state, exc)))
-        spin(hub, lambda: answers)
-        server.pause()
-        started = time.monotonic()
-        reads.read(facts(2), lambda state, exc: answers.append((state, exc)))
-        spin(hub, lambda: len(answers) == 2)
-        assert 0.4 < time.monotonic() - started < 3
-        assert answers[1][0] is None and "no reply" in str(answers[1][1])
-    finally:
-        server.resume()
-        server.kill()
+def test_a_frozen_redis_fails_pending_reads_after_the_timeout(own_redis, hub):
+    reads = PipelinedReads(RedisStore.from_url(own_redis.url), hub, timeout_s=0.5)
+    answers = first_answer(reads, hub)
+    own_redis.pause()
+    started = time.monotonic()
+    reads.read(facts(2), lambda state, exc: answers.append((state, exc)))
+    spin(hub, lambda: len(answers) == 2)
+    assert 0.4 < time.monotonic() - started < 3
+    assert answers[1][0] is None and "no reply" in str(answers[1][1])
 
 
 def test_closing_answers_pending_reads_so_a_consumer_restart_strands_none(redis_url, hub):

@@ -114,3 +114,12 @@ def test_closing_answers_pending_reads_so_a_consumer_restart_strands_none(redis_
     reads.close()
     assert len(answers) == 1 and answers[0][1] is not None
     assert reads.pending == 0
+
+
+def test_without_an_event_loop_or_a_single_connection_pool_the_gate_reads_synchronously(
+    redis_url, hub
+):
+    from celery_beetle.fake_store import FakeStore
+
+    assert pipelined_reads_for(RedisStore.from_url(redis_url), None, 2.0) is None
+    assert pipelined_reads_for(FakeStore(), hub, 2.0) is None  # no Redis client: a test

@@ -3,6 +3,8 @@
 `RabbitNode` and `RedisServer` run throwaway brokers and Redis from the installed binaries, each on
 its own ports and data dir, so a test can kill -9, SIGSTOP or restart them by pid. `TcpProxy`
 sits in front of a server to cut or stall its traffic. tests/conftest.py wraps them in fixtures.
+`containers` (imported only where a Docker engine is used, so testcontainers stays optional) has
+the same two in containers, for machines with an engine.
 """
 
 from __future__ import annotations

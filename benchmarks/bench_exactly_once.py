@@ -271,12 +271,11 @@ def breakdown(
 ) -> None:
     """Where the cost goes: the transport alone, dedup without redundancy, and redundancy
     with a free dedup (the ceiling: two deliveries per task, no Redis)."""
-    for label, broker, task, queue in (
-        ("plain task, beetle://, 1 copy", both, "bench.plain", "bd-plain-beetle"),
-        ("BeetleTask, pyamqp, 1 copy", single, "bench.beetle", "bd-beetle-single"),
-        ("plain task, 2 copies, memory dedup", both, "bench.plain", "bd-plain-twice"),
+    for label, broker, task, queue, twice in (
+        ("plain task, beetle://, 1 copy", both, "bench.plain", "bd-plain-beetle", False),
+        ("BeetleTask, pyamqp, 1 copy", single, "bench.beetle", "bd-beetle-single", False),
+        ("plain task, 2 copies, memory dedup", both, "bench.plain", "bd-plain-twice", True),
     ):
-        twice = queue == "bd-plain-twice"
         publish_url = f"{broker}?redundant_queues={queue}" if twice else broker
         fill(publish_url, redis_url, task, queue, opts.tasks)
         rate, _ = run_worker(

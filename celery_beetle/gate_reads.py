@@ -142,7 +142,7 @@ class PipelinedReads:
         callbacks = [callback for _, callback in self._pending] + (extra or [])
         self._pending.clear()
         if self._watchdog is not None:
-            self._cancel(self._watchdog)
+            self._watchdog.cancel()
             self._watchdog = None
         for callback in callbacks:
             self._answer(callback, None, exc)
@@ -167,12 +167,6 @@ class PipelinedReads:
             callback(state, exc)
         except Exception:  # one delivery's bug must not strand the others' replies
             logger.exception("beetle: the gate failed on a read's reply")
-
-    @staticmethod
-    def _cancel(timer: Any) -> None:
-        cancel = getattr(timer, "cancel", None)
-        if cancel is not None:
-            cancel()
 
 
 def pipelined_reads_for(store: Any, hub: Any, timeout_s: float) -> PipelinedReads | None:

@@ -5,6 +5,7 @@
   (`.nodes`, `.vhost`, `.beetle_url`, `.url_for(*indexes)`); the vhost is deleted after.
 - `redis_server` (session): one `RedisServer`; `redis_url`: its URL with the db flushed.
 - `redis_aof`: a fresh `RedisServer` with appendonly, for kill -9 and restart tests.
+- `redis_own`: a fresh redis-server without persistence, for tests that kill or freeze it.
 - `redis_sentinel`: a fresh `SentinelSet` (master, replica, Sentinel), for failover tests.
 - `tcp_proxy`: a factory, `tcp_proxy(node)` -> a started `TcpProxy` in front of that node.
 
@@ -272,7 +273,17 @@ def redis_url(redis_server: RedisServer) -> str:
 @pytest.fixture
 def redis_aof(tmp_path: Path) -> Iterator[RedisServer]:
     """A fresh redis-server that fsyncs every write to its AOF, so a kill -9 loses nothing."""
-    server = _new_redis(tmp_path / "redis-aof", appendonly=True)
+    yield from _fresh_redis(tmp_path / "redis-aof", appendonly=True)
+
+
+@pytest.fixture
+def redis_own(tmp_path: Path) -> Iterator[RedisServer]:
+    """A fresh redis-server without persistence that the test alone kills or freezes."""
+    yield from _fresh_redis(tmp_path / "redis-own")
+
+
+def _fresh_redis(base_dir: Path, *, appendonly: bool = False) -> Iterator[RedisServer]:
+    server = _new_redis(base_dir, appendonly=appendonly)
     try:
         server.start()
         yield server

@@ -17,7 +17,6 @@ from celery_beetle.gate_reads import PipelinedReads, pipelined_reads_for
 from celery_beetle.outcome import Limits
 from celery_beetle.state import MessageFacts, Status
 from celery_beetle.store import RedisStore, wall_clock_ms
-from tests.harness.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
 
@@ -33,17 +32,6 @@ def spin(hub: Hub, until: Any, timeout: float = 5.0) -> None:
     while not until():
         assert time.monotonic() < deadline, "the loop did not get there in time"
         next(loop)
-
-
-@pytest.fixture
-def own_redis(tmp_path) -> Any:
-    """A Redis server this test alone kills and freezes."""
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    yield server
-    if server.is_paused:
-        server.resume()
-    server.kill()
 
 
 def first_answer(reads: PipelinedReads, hub: Hub) -> list[Any]:
@@ -80,24 +68,24 @@ def test_reads_of_one_loop_pass_go_out_as_one_round_trip_and_each_gets_its_recor
     reads.close()
 
 
-def test_a_killed_redis_answers_every_pending_read_with_an_error(own_redis, hub):
-    reads = PipelinedReads(RedisStore.from_url(own_redis.url), hub, timeout_s=2.0)
+def test_a_killed_redis_answers_every_pending_read_with_an_error(redis_own, hub):
+    reads = PipelinedReads(RedisStore.from_url(redis_own.url), hub, timeout_s=2.0)
     answers = first_answer(reads, hub)
-    own_redis.kill()
+    redis_own.kill()
     reads.read(facts(2), lambda state, exc: answers.append((state, exc)))
     reads.read(facts(3), lambda state, exc: answers.append((state, exc)))
     spin(hub, lambda: len(answers) == 3)
     assert all(state is None and exc is not None for state, exc in answers[1:])
-    own_redis.start()  # the next read connects again
+    redis_own.start()  # the next read connects again
     reads.read(facts(4), lambda state, exc: answers.append((state, exc)))
     spin(hub, lambda: len(answers) == 4)
     assert answers[3] == (None, None)
 
 
-def test_a_frozen_redis_fails_pending_reads_after_the_timeout(own_redis, hub):
-    reads = PipelinedReads(RedisStore.from_url(own_redis.url), hub, timeout_s=0.5)
+def test_a_frozen_redis_fails_pending_reads_after_the_timeout(redis_own, hub):
+    reads = PipelinedReads(RedisStore.from_url(redis_own.url), hub, timeout_s=0.5)
     answers = first_answer(reads, hub)
-    own_redis.pause()
+    redis_own.pause()
     started = time.monotonic()
     reads.read(facts(2), lambda state, exc: answers.append((state, exc)))
     spin(hub, lambda: len(answers) == 2)

@@ -7,12 +7,31 @@ delivery's headers under :data:`FACTS_HEADER` (Celery copies message headers int
 
 from __future__ import annotations
 
+import logging
+import math
 from typing import Any
 
 from celery_beetle.state import MessageFacts
-from kombu_beetle.envelope import EXPIRES_AT_HEADER, PUBLISHED_AT_HEADER
+from kombu_beetle.envelope import EXPIRES_AT_HEADER, FLAGS_HEADER, PUBLISHED_AT_HEADER
 
-__all__ = ["COMPLETED_MARK", "FACTS_HEADER", "facts_from_headers", "message_facts"]
+__all__ = [
+    "COMPLETED_MARK",
+    "FACTS_HEADER",
+    "HANDBACK_MARK",
+    "MAX_MESSAGE_ID_LENGTH",
+    "MAX_MESSAGE_LIFE_MS",
+    "InvalidHeader",
+    "facts_from_headers",
+    "message_facts",
+]
+
+logger = logging.getLogger(__name__)
+
+#: A ``message_id`` longer than this is refused as bad input (it becomes part of a key).
+MAX_MESSAGE_ID_LENGTH = 1024
+#: The longest a message may live: a later ``x-beetle-expires-at`` (a timestamp in µs or
+#: ns by mistake) is cut to this, so that every record keeps a TTL Redis can hold.
+MAX_MESSAGE_LIFE_MS = 366 * 86_400_000
 
 #: Header the gate adds to a delivery for the pool: ``{"queue", "message_id", "expires_at_ms"}``.
 #: It is stripped again before a message is republished (retry, dead letter).
@@ -20,6 +39,21 @@ FACTS_HEADER = "beetle_facts"
 #: Set in that header by :class:`~celery_beetle.bootstep.BeetleRequest` when the run
 #: completed, so the gate can drop the other copy without asking Redis.
 COMPLETED_MARK = "completed"
+#: Set there by the request when the pool handed the delivery back (``{"delay_s", "store"}``),
+#: so the gate requeues it after a backoff instead of at once.
+HANDBACK_MARK = "handback"
+
+
+class InvalidHeader(ValueError):
+    """A header the client controls holds what no publisher of this project writes; the
+    delivery is dead-lettered with reason ``invalid_header``, never raised out of the gate."""
+
+    def __init__(self, name: str, value: Any, why: str) -> None:
+        self.name = name
+        shown = repr(value)
+        if len(shown) > 80:
+            shown = f"{shown[:60]}... ({len(shown)} characters)"
+        super().__init__(f"{name}={shown}: {why}")
 
 
 def message_facts(
@@ -29,16 +63,40 @@ def message_facts(
     default_ttl_ms: int,
     now_ms: int,
 ) -> MessageFacts:
-    """The dedup identity and expiry of a delivery.
+    """The dedup identity and expiry of a delivery; :class:`InvalidHeader` if a header
+    holds what no publisher of this project writes.
 
     The expiry is ``x-beetle-expires-at`` (unix seconds) when the transport stamped one;
     otherwise (a non-redundant BeetleTask) the publish time, or now, plus the default TTL.
+    It is never later than :data:`MAX_MESSAGE_LIFE_MS` from now.
     """
+    if not isinstance(message_id, str) or not message_id:
+        raise InvalidHeader("message_id", message_id, "must be a non-empty string")
+    if len(message_id) > MAX_MESSAGE_ID_LENGTH:
+        raise InvalidHeader(
+            "message_id", message_id, f"longer than {MAX_MESSAGE_ID_LENGTH} characters"
+        )
     headers = headers or {}
-    expires_at_ms = _ms(headers.get(EXPIRES_AT_HEADER), 1000)
-    if expires_at_ms is None:
-        published_ms = _ms(headers.get(PUBLISHED_AT_HEADER), 1) or now_ms
+    flags = headers.get(FLAGS_HEADER)
+    if flags is not None and not (_is_integer(flags) and 0 <= int(flags) < 2**16):
+        raise InvalidHeader(FLAGS_HEADER, flags, "must be a small non-negative integer")
+    expires_at = _number(headers, EXPIRES_AT_HEADER)
+    if expires_at is not None:
+        expires_at_ms = int(expires_at * 1000)
+    else:
+        published_at = _number(headers, PUBLISHED_AT_HEADER)
+        published_ms = int(published_at) if published_at else now_ms
         expires_at_ms = published_ms + default_ttl_ms
+    latest = now_ms + MAX_MESSAGE_LIFE_MS
+    if expires_at_ms > latest:
+        logger.warning(
+            "beetle: message %s on %r expires %s, more than %d days ahead; cut to that",
+            message_id[:100],
+            queue,
+            headers.get(EXPIRES_AT_HEADER) or headers.get(PUBLISHED_AT_HEADER),
+            MAX_MESSAGE_LIFE_MS // 86_400_000,
+        )
+        expires_at_ms = latest
     return MessageFacts(queue=queue, message_id=message_id, expires_at_ms=expires_at_ms)
 
 
@@ -52,14 +110,29 @@ def facts_from_headers(value: Any) -> MessageFacts | None:
             message_id=str(value["message_id"]),
             expires_at_ms=int(value["expires_at_ms"]),
         )
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError):
         return None
 
 
-def _ms(value: Any, scale: int) -> int | None:
+def _number(headers: dict[str, Any], name: str) -> float | None:
+    """A header that must hold a finite number (int, float, decimal or numeric string)."""
+    value = headers.get(name)
     if value is None:
         return None
+    if isinstance(value, bool):
+        raise InvalidHeader(name, value, "must be a number, not a boolean")
     try:
-        return int(float(value) * scale)
-    except (TypeError, ValueError):
-        return None
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise InvalidHeader(name, value, "must be a number") from None
+    if not math.isfinite(number):
+        raise InvalidHeader(name, value, "must be a finite number")
+    return number
+
+
+def _is_integer(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    return isinstance(value, str) and value.isdigit() and len(value) < 10

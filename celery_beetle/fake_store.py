@@ -17,8 +17,10 @@ from celery_beetle.outcome import (
     FailureDecision,
     FenceDecision,
     Limits,
+    RejectDecision,
     decide_claim,
     decide_complete,
+    decide_dead_lettered,
     decide_extend,
     decide_failure,
     decide_reject,
@@ -48,6 +50,7 @@ class FakeStore(Store):
     ) -> None:
         super().__init__(key_prefix=key_prefix, ttl_margin_ms=ttl_margin_ms, clock=clock)
         self.records: dict[str, tuple[State, int]] = {}
+        self.seen: dict[str, int] = {}
 
     def __repr__(self) -> str:
         return f"<FakeStore {len(self.records)} records prefix={self.key_prefix!r}>"
@@ -64,10 +67,12 @@ class FakeStore(Store):
         return self._apply(facts, lambda state, now: decide_complete(state, token))
 
     def fail(
-        self, facts: MessageFacts, token: int, limits: Limits, retryable: bool
+        self, facts: MessageFacts, token: int, limits: Limits, retryable: bool, owner: str = ""
     ) -> FailureDecision:
+        owner = owner[:MAX_OWNER_LENGTH]
         return self._apply(
-            facts, lambda state, now: decide_failure(state, token, limits, retryable, now)
+            facts,
+            lambda state, now: decide_failure(state, token, limits, retryable, now, owner),
         )
 
     def extend(self, facts: MessageFacts, token: int, lease_timeout_ms: int) -> FenceDecision:
@@ -75,11 +80,22 @@ class FakeStore(Store):
             facts, lambda state, now: decide_extend(state, token, lease_timeout_ms, now)
         )
 
-    def release(self, facts: MessageFacts, token: int) -> FenceDecision:
-        return self._apply(facts, lambda state, now: decide_release(state, token))
+    def release(self, facts: MessageFacts, token: int, owner: str = "") -> FenceDecision:
+        owner = owner[:MAX_OWNER_LENGTH]
+        return self._apply(facts, lambda state, now: decide_release(state, token, owner))
 
-    def reject(self, facts: MessageFacts) -> bool:
-        return self._apply(facts, lambda state, now: decide_reject(state, facts))
+    def reject(self, facts: MessageFacts, reason: str, owner: str) -> RejectDecision:
+        owner = owner[:MAX_OWNER_LENGTH]
+        return self._apply(
+            facts, lambda state, now: decide_reject(state, facts, reason, owner, now)
+        )
+
+    def dead_lettered(self, facts: MessageFacts) -> bool:
+        return self._apply(facts, lambda state, now: decide_dead_lettered(state))
+
+    def first_seen(self, facts: MessageFacts, keep_ms: int) -> int:
+        self.round_trips += 1
+        return self.seen.setdefault(self.key(facts.queue, facts.message_id), self.clock())
 
     def forget(self, queue: str, message_id: str) -> bool:
         self.round_trips += 1

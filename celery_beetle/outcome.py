@@ -21,6 +21,13 @@ The steps of one delivery (see ``design.md``, "Deduplication"):
     many exceptions are tolerated, ``retry_on`` which ones.
 ``decide_extend`` / ``decide_release``
     The owner lengthens its lease, or hands the message back unrun.
+``decide_reject`` / ``decide_dead_lettered``
+    Bad input is failed without a run; a failed message's dead letter is owed until the
+    worker that published it says so (see :mod:`celery_beetle.state`).
+
+Every write an owner makes can be retried after a lost reply and is recognised as its own:
+a claim by the same owner gets its lease back (not a second attempt), a completion or a
+failure under the same token answers as the first time did.
 
 Expiry is checked first everywhere: it is a fact of the message, so the gate can drop an
 expired copy without reading Redis at all.
@@ -46,14 +53,22 @@ __all__ = [
     "GateDecision",
     "GiveUpReason",
     "Limits",
+    "RejectDecision",
+    "Rejected",
     "decide_claim",
     "decide_complete",
+    "decide_dead_lettered",
     "decide_extend",
     "decide_failure",
     "decide_gate",
+    "decide_reject",
     "decide_release",
     "key_ttl_ms",
 ]
+
+#: How long the worker that gave a message up has to publish its dead letter before another
+#: copy's worker may do it instead (a publish retries for a few confirm timeouts).
+DEAD_LETTER_LEASE_MS = 30_000
 
 
 @dataclass(frozen=True)
@@ -96,7 +111,7 @@ class Claim(enum.Enum):
     ALREADY_DONE = "already_done"
     LOCKED = "locked"
     DELAYED = "delayed"
-    ATTEMPTS_EXHAUSTED = "attempts_exhausted"
+    DEAD_LETTER = "dead_letter"
     EXPIRED = "expired"
 
 
@@ -109,8 +124,10 @@ class ClaimDecision:
     - ALREADY_DONE: ``status`` completed or failed.
     - LOCKED: ``owner`` and ``lease_deadline_ms`` of the live lease, ``delay_ms`` until it ends.
     - DELAYED: ``delay_ms`` until retry-not-before.
-    - ATTEMPTS_EXHAUSTED: ``attempt`` = the runs made; the record is now failed, so the
-      caller dead-letters the message.
+    - DEAD_LETTER: the message will not run; the caller publishes its dead letter for
+      ``reason`` (``attempts_limit`` when the runs made, ``attempt``, used up the attempts;
+      otherwise the reason of an earlier give-up whose dead letter is still owed) and then
+      calls ``dead_lettered``.
     """
 
     outcome: Claim
@@ -120,6 +137,8 @@ class ClaimDecision:
     delay_ms: int = 0
     status: Status | None = None
     owner: str = ""
+    reason: str = ""
+    exceptions: int = 0
 
     @property
     def acquired(self) -> bool:
@@ -140,6 +159,22 @@ class GiveUpReason(str, enum.Enum):
     ATTEMPTS_LIMIT = "attempts_limit"
     EXCEPTIONS_LIMIT = "exceptions_limit"
     NOT_RETRYABLE = "not_retryable"
+
+
+class Rejected(enum.Enum):
+    """What a copy of bad input does (:func:`decide_reject`)."""
+
+    FIRST = "first"  # dead-letter this copy, then call dead_lettered
+    DONE = "done"  # settled already: ack this copy, nothing else
+    WAIT = "wait"  # another copy's worker is on it (or it runs): hand this one back
+
+
+@dataclass(frozen=True)
+class RejectDecision:
+    """``delay_ms``: for WAIT, until the other worker's lease ends."""
+
+    outcome: Rejected
+    delay_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -187,8 +222,12 @@ def decide_gate(state: State | None, facts: MessageFacts, now_ms: int) -> GateDe
         return GateDecision(Gate.DROP_EXPIRED, status=state.status if state else None)
     if state is None:
         return GateDecision(Gate.RUN)
-    if state.status.is_final:
+    if state.settled:
         return GateDecision(Gate.DROP_DUPLICATE, status=state.status)
+    if state.status is Status.FAILED:  # its dead letter is owed: whoever gave up publishes it
+        if state.lease_deadline_ms > now_ms:
+            return GateDecision(Gate.DEFER, state.lease_deadline_ms - now_ms, state.status)
+        return GateDecision(Gate.RUN, status=state.status)  # the claim hands it over
     if state.status is Status.RUNNING and state.lease_deadline_ms > now_ms:
         return GateDecision(Gate.DEFER, state.lease_deadline_ms - now_ms, state.status)
     if state.status is Status.PENDING and state.retry_not_before_ms > now_ms:
@@ -200,26 +239,34 @@ def decide_gate(state: State | None, facts: MessageFacts, now_ms: int) -> GateDe
 def decide_claim(
     state: State | None, facts: MessageFacts, limits: Limits, owner: str, now_ms: int
 ) -> tuple[ClaimDecision, State | None]:
-    """Grant the lease, or say why not. A lease that ran out counts as a failed attempt."""
+    """Grant the lease, or say why not. A lease that ran out counts as a failed attempt.
+
+    A claim by the owner that holds the lease is its own, retried after a lost reply: it
+    gets the same token and attempt back, with the lease counted from now.
+    """
     if facts.expires_at_ms <= now_ms:
         return ClaimDecision(Claim.EXPIRED), None
     if state is None:
         state = State(Status.PENDING, expires_at_ms=facts.expires_at_ms)
-    elif state.status.is_final:
+    elif state.settled:
         return ClaimDecision(Claim.ALREADY_DONE, status=state.status), None
+    elif state.status is Status.RUNNING and owner and state.owner == owner:
+        deadline = now_ms + limits.lease_timeout_ms
+        decision = ClaimDecision(
+            Claim.ACQUIRED, token=state.token, attempt=state.attempts, lease_deadline_ms=deadline
+        )
+        return decision, replace(state, lease_deadline_ms=deadline)
+    elif state.status is Status.FAILED:  # its dead letter is owed
+        if state.lease_deadline_ms > now_ms and state.owner != owner:
+            return _locked(state, now_ms), None
+        return _dead_letter(state, state.reason, owner, now_ms)
     elif state.status is Status.RUNNING and state.lease_deadline_ms > now_ms:
-        remaining = state.lease_deadline_ms - now_ms
-        return ClaimDecision(
-            Claim.LOCKED,
-            lease_deadline_ms=state.lease_deadline_ms,
-            delay_ms=remaining,
-            owner=state.owner,
-        ), None
+        return _locked(state, now_ms), None
     elif state.status is Status.PENDING and state.retry_not_before_ms > now_ms:
         return ClaimDecision(Claim.DELAYED, delay_ms=state.retry_not_before_ms - now_ms), None
     elif state.attempts >= limits.attempts:
         failed = _settled(state, Status.FAILED)
-        return ClaimDecision(Claim.ATTEMPTS_EXHAUSTED, attempt=state.attempts), failed
+        return _dead_letter(failed, GiveUpReason.ATTEMPTS_LIMIT.value, owner, now_ms)
     deadline = now_ms + limits.lease_timeout_ms
     running = replace(
         state,
@@ -237,6 +284,37 @@ def decide_claim(
     return decision, running
 
 
+def _locked(state: State, now_ms: int) -> ClaimDecision:
+    return ClaimDecision(
+        Claim.LOCKED,
+        lease_deadline_ms=state.lease_deadline_ms,
+        delay_ms=state.lease_deadline_ms - now_ms,
+        owner=state.owner,
+    )
+
+
+def _dead_letter(state: State, reason: str, owner: str, now_ms: int) -> tuple[ClaimDecision, State]:
+    """``owner`` publishes the dead letter of a failed message, under a lease of its own."""
+    owed = _owing(state, reason, owner, now_ms)
+    decision = ClaimDecision(
+        Claim.DEAD_LETTER, attempt=state.attempts, reason=reason, exceptions=state.exceptions
+    )
+    return decision, owed
+
+
+def _owing(state: State, reason: str, owner: str, now_ms: int) -> State:
+    """Failed, with its dead letter owed by ``owner`` until the lease ends."""
+    return replace(
+        state,
+        status=Status.FAILED,
+        dead_letter_owed=True,
+        reason=reason,
+        owner=owner,
+        lease_deadline_ms=now_ms + DEAD_LETTER_LEASE_MS,
+        retry_not_before_ms=0,
+    )
+
+
 def decide_complete(state: State | None, token: int) -> tuple[FenceDecision, State | None]:
     """Record success, only for the current owner.
 
@@ -252,14 +330,24 @@ def decide_complete(state: State | None, token: int) -> tuple[FenceDecision, Sta
 
 
 def decide_failure(
-    state: State | None, token: int, limits: Limits, retryable: bool, now_ms: int
+    state: State | None,
+    token: int,
+    limits: Limits,
+    retryable: bool,
+    now_ms: int,
+    owner: str = "",
 ) -> tuple[FailureDecision, State | None]:
     """Count the exception; retry after a backoff within the limits, else give up.
 
     ``retryable`` says whether the exception is one of the task's ``retry_on`` (the caller
     matches classes; Lua cannot). Of several reasons to give up, the first in this order is
-    reported: not retryable, attempts limit, exceptions limit.
+    reported: not retryable, attempts limit, exceptions limit. A give-up leaves the dead
+    letter owed by ``owner``. The same failure reported again (its reply was lost) gets the
+    same answer and changes nothing.
     """
+    applied = _applied_failure(state, token, owner, now_ms)
+    if applied is not None:
+        return applied, None
     if not _owns(state, token):
         return FailureDecision(Failure.NOT_OWNER), None
     exceptions = state.exceptions + 1
@@ -271,7 +359,7 @@ def decide_failure(
     elif exceptions > limits.exceptions:
         reason = GiveUpReason.EXCEPTIONS_LIMIT
     if reason is not None:
-        failed = replace(_settled(state, Status.FAILED), exceptions=exceptions)
+        failed = _owing(replace(state, exceptions=exceptions), reason.value, owner, now_ms)
         decision = FailureDecision(
             Failure.GIVE_UP, reason=reason, attempts=state.attempts, exceptions=exceptions
         )
@@ -292,6 +380,39 @@ def decide_failure(
     return decision, pending
 
 
+_GIVE_UP_REASONS = frozenset(reason.value for reason in GiveUpReason)
+
+
+def _applied_failure(
+    state: State | None, token: int, owner: str, now_ms: int
+) -> FailureDecision | None:
+    """The answer a failure under ``token`` got, if it was recorded already."""
+    if state is None or state.token != token:
+        return None
+    if state.status is Status.PENDING:
+        return FailureDecision(
+            Failure.RETRY,
+            delay_ms=max(state.retry_not_before_ms - now_ms, 0),
+            retry_not_before_ms=state.retry_not_before_ms,
+            attempts=state.attempts,
+            exceptions=state.exceptions,
+        )
+    given_up = state.reason in _GIVE_UP_REASONS
+    if (
+        state.status is Status.FAILED
+        and state.dead_letter_owed
+        and state.owner == owner
+        and given_up
+    ):
+        return FailureDecision(
+            Failure.GIVE_UP,
+            reason=GiveUpReason(state.reason),
+            attempts=state.attempts,
+            exceptions=state.exceptions,
+        )
+    return None
+
+
 def decide_extend(
     state: State | None, token: int, lease_timeout_ms: int, now_ms: int
 ) -> tuple[FenceDecision, State | None]:
@@ -304,24 +425,59 @@ def decide_extend(
     )
 
 
-def decide_release(state: State | None, token: int) -> tuple[FenceDecision, State | None]:
-    """Hand the message back before its body started: the attempt does not count."""
-    if not _owns(state, token):
+def decide_release(
+    state: State | None, token: int, owner: str = ""
+) -> tuple[FenceDecision, State | None]:
+    """Hand the message back before its body started: the attempt does not count.
+
+    ``token`` 0 with an ``owner``: a claim whose reply never came (so its token is not
+    known) is released by the owner that sent it."""
+    by_owner = (
+        token == 0
+        and bool(owner)
+        and state is not None
+        and state.status is Status.RUNNING
+        and state.owner == owner
+    )
+    if not by_owner and not _owns(state, token):
         return _not_owner(state), None
+    assert state is not None
     pending = replace(_settled(state, Status.PENDING), attempts=max(state.attempts - 1, 0))
     return FenceDecision(Fence.OK), pending
 
 
-def decide_reject(state: State | None, facts: MessageFacts) -> tuple[bool, State | None]:
-    """Bad input (an unknown task, a body that does not decode): mark the message failed
-    without a run. True for the first copy to ask, which is the one dead-lettered; every
-    other copy finds the record final and is only acked. A message that completed or
-    failed already is left as it is."""
-    if state is not None and state.status.is_final:
+def decide_reject(
+    state: State | None, facts: MessageFacts, reason: str, owner: str, now_ms: int
+) -> tuple[RejectDecision, State | None]:
+    """Bad input (an unknown task, a body that does not decode): fail the message without a
+    run. The first copy to ask dead-letters it (FIRST; the dead letter is owed by ``owner``
+    until it calls ``dead_lettered``); a copy of a settled message is only acked (DONE);
+    a copy that finds another owner's live lease (a dead letter being published, or a run)
+    is handed back until it ends (WAIT). The same owner asking again gets FIRST again."""
+    if state is not None and state.settled:
+        return RejectDecision(Rejected.DONE), None
+    live = (
+        state is not None
+        and state.status in (Status.RUNNING, Status.FAILED)
+        and state.lease_deadline_ms > now_ms
+        and state.owner != owner
+    )
+    if live:
+        assert state is not None
+        return RejectDecision(Rejected.WAIT, state.lease_deadline_ms - now_ms), None
+    base = state or State(Status.FAILED)
+    failed = _owing(replace(base, expires_at_ms=facts.expires_at_ms), reason, owner, now_ms)
+    return RejectDecision(Rejected.FIRST), failed
+
+
+def decide_dead_lettered(state: State | None) -> tuple[bool, State | None]:
+    """The dead letter of a failed message is stored: the record becomes final. False (and
+    no write) when nothing was owed: marked already, or the record is gone."""
+    if state is None or state.status is not Status.FAILED or not state.dead_letter_owed:
         return False, None
-    base = state or State(Status.FAILED, expires_at_ms=facts.expires_at_ms)
-    failed = replace(_settled(base, Status.FAILED), expires_at_ms=facts.expires_at_ms)
-    return True, failed
+    return True, replace(
+        state, dead_letter_owed=False, owner="", lease_deadline_ms=0, retry_not_before_ms=0
+    )
 
 
 def key_ttl_ms(state: State, now_ms: int, margin_ms: int) -> int:

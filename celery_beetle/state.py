@@ -20,9 +20,21 @@ field   attribute                   meaning
 ``o``   ``owner``                   who holds (or last held) the lease
 ``t``   ``token``                   fencing token, +1 on every claim
 ``x``   ``expires_at_ms``           the message's own expiry (``x-beetle-expires-at``)
+``w``   ``dead_letter_owed``        failed, and its dead letter is not stored yet:
+                                    ``o`` publishes it until ``l``, then anyone may
+``r``   ``reason``                  why it failed (a :class:`~.outcome.GiveUpReason`)
 ======  ==========================  =============================================
 
 Absent fields read as 0 or ``""``: a completed record drops ``l``, ``n`` and ``o``.
+
+A message leaves its queue only once its outcome, or its dead letter, is stored. So a give-up
+first writes ``f`` with ``w`` (the dead letter is owed), the worker publishes the dead letter,
+then clears ``w``. A copy that finds ``w`` set waits while ``o`` holds the lease ``l`` and
+takes the dead letter over after it: the message is never acked with no dead letter anywhere.
+A ``f`` record without ``w`` (written by an earlier version too) is final.
+
+Values are integers in milliseconds; a value written in floating point (``1e+17``, by an
+earlier version given a far-future expiry) still reads, as its integer part.
 """
 
 from __future__ import annotations
@@ -34,7 +46,7 @@ from dataclasses import dataclass
 __all__ = ["FIELDS", "MAX_OWNER_LENGTH", "MessageFacts", "State", "Status"]
 
 #: Field order of a peek (HMGET) and of :meth:`State.from_values`.
-FIELDS: tuple[str, ...] = ("s", "a", "e", "l", "n", "o", "t", "x")
+FIELDS: tuple[str, ...] = ("s", "a", "e", "l", "n", "o", "t", "x", "w", "r")
 
 #: Owners longer than this are cut: Redis turns a hash whose value exceeds
 #: ``hash-max-listpack-value`` (64 by default) into a hashtable several times larger.
@@ -51,7 +63,8 @@ class Status(str, enum.Enum):
 
     @property
     def is_final(self) -> bool:
-        """Completed and failed messages never run again: further copies are duplicates."""
+        """Completed and failed messages never run again (a failed one may still owe its
+        dead letter: :attr:`State.settled`)."""
         return self in (Status.COMPLETED, Status.FAILED)
 
 
@@ -80,6 +93,14 @@ class State:
     owner: str = ""
     token: int = 0
     expires_at_ms: int = 0
+    dead_letter_owed: bool = False
+    reason: str = ""
+
+    @property
+    def settled(self) -> bool:
+        """Final with nothing left to store: completed, or failed and dead-lettered. Only
+        then is a further copy a plain duplicate to ack."""
+        return self.status.is_final and not self.dead_letter_owed
 
     @classmethod
     def from_values(cls, values: Sequence[str | bytes | None]) -> State | None:
@@ -87,7 +108,8 @@ class State:
         if not values or values[0] is None:
             return None
         text = [v.decode() if isinstance(v, bytes) else v for v in values]
-        s, a, e, lease, n, o, t, x = text
+        text += [None] * (len(FIELDS) - len(text))
+        s, a, e, lease, n, o, t, x, w, r = text[: len(FIELDS)]
         return cls(
             status=Status(s),
             attempts=_int(a),
@@ -97,8 +119,18 @@ class State:
             owner=o or "",
             token=_int(t),
             expires_at_ms=_int(x),
+            dead_letter_owed=bool(w),
+            reason=r or "",
         )
 
 
 def _int(value: str | None) -> int:
-    return int(value) if value else 0
+    if not value:
+        return 0
+    try:
+        return int(value)
+    except ValueError:
+        number = float(value)  # "1e+17": Lua's format for a large number
+    if number != number:  # nan
+        return 0
+    return int(max(min(number, 2.0**62), -(2.0**62)))

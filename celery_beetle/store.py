@@ -36,6 +36,7 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.sentinel import Sentinel
 
 from celery_beetle.outcome import (
+    DEAD_LETTER_LEASE_MS,
     Claim,
     ClaimDecision,
     Failure,
@@ -45,6 +46,8 @@ from celery_beetle.outcome import (
     GateDecision,
     GiveUpReason,
     Limits,
+    RejectDecision,
+    Rejected,
     decide_gate,
 )
 from celery_beetle.settings import BeetleSettings, parse_store_url
@@ -154,22 +157,33 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def fail(
-        self, facts: MessageFacts, token: int, limits: Limits, retryable: bool
+        self, facts: MessageFacts, token: int, limits: Limits, retryable: bool, owner: str = ""
     ) -> FailureDecision:
-        """Record an exception: retry later or give up (:func:`~.outcome.decide_failure`)."""
+        """Record an exception: retry later or give up, the dead letter then owed by
+        ``owner`` (:func:`~.outcome.decide_failure`)."""
 
     @abc.abstractmethod
     def extend(self, facts: MessageFacts, token: int, lease_timeout_ms: int) -> FenceDecision:
         """Lengthen the owner's lease (:func:`~.outcome.decide_extend`)."""
 
     @abc.abstractmethod
-    def release(self, facts: MessageFacts, token: int) -> FenceDecision:
-        """Give the message back unrun (:func:`~.outcome.decide_release`)."""
+    def release(self, facts: MessageFacts, token: int, owner: str = "") -> FenceDecision:
+        """Give the message back unrun; token 0 releases ``owner``'s claim
+        (:func:`~.outcome.decide_release`)."""
 
     @abc.abstractmethod
-    def reject(self, facts: MessageFacts) -> bool:
-        """Mark bad input failed without a run; True for the first copy to ask
-        (:func:`~.outcome.decide_reject`): only that copy is dead-lettered."""
+    def reject(self, facts: MessageFacts, reason: str, owner: str) -> RejectDecision:
+        """Fail bad input without a run (:func:`~.outcome.decide_reject`): only the first
+        copy to ask is dead-lettered."""
+
+    @abc.abstractmethod
+    def dead_lettered(self, facts: MessageFacts) -> bool:
+        """The dead letter owed is stored (:func:`~.outcome.decide_dead_lettered`)."""
+
+    @abc.abstractmethod
+    def first_seen(self, facts: MessageFacts, keep_ms: int) -> int:
+        """When a message a worker could not take (an unknown task) was first seen, in ms;
+        the mark lives ``keep_ms`` unless the record has a TTL of its own."""
 
     @abc.abstractmethod
     def forget(self, queue: str, message_id: str) -> bool:
@@ -194,7 +208,16 @@ class RedisStore(Store):
     whose pipelines cannot send ``WAIT`` on the connection that wrote.
     """
 
-    SCRIPTS = ("claim", "complete", "fail", "extend", "release", "reject")
+    SCRIPTS = (
+        "claim",
+        "complete",
+        "fail",
+        "extend",
+        "release",
+        "reject",
+        "dead_lettered",
+        "first_seen",
+    )
 
     def __init__(
         self,
@@ -271,6 +294,7 @@ class RedisStore(Store):
             limits.attempts,
             owner[:MAX_OWNER_LENGTH],
             self.ttl_margin_ms,
+            DEAD_LETTER_LEASE_MS,
         )
         code = reply[0]
         if code == "acquired":
@@ -285,8 +309,10 @@ class RedisStore(Store):
             )
         if code == "delayed":
             return ClaimDecision(Claim.DELAYED, delay_ms=reply[1] - now)
-        if code == "exhausted":
-            return ClaimDecision(Claim.ATTEMPTS_EXHAUSTED, attempt=reply[1])
+        if code == "dead_letter":
+            return ClaimDecision(
+                Claim.DEAD_LETTER, reason=reply[1], attempt=reply[2], exceptions=reply[3]
+            )
         if code == "expired":
             return ClaimDecision(Claim.EXPIRED)
         raise RuntimeError(f"claim.lua answered {reply!r}")
@@ -295,7 +321,7 @@ class RedisStore(Store):
         return _fence(self._run("complete", facts, token, self.clock(), self.ttl_margin_ms))
 
     def fail(
-        self, facts: MessageFacts, token: int, limits: Limits, retryable: bool
+        self, facts: MessageFacts, token: int, limits: Limits, retryable: bool, owner: str = ""
     ) -> FailureDecision:
         reply = self._run(
             "fail",
@@ -308,6 +334,8 @@ class RedisStore(Store):
             limits.delay_ms,
             limits.max_delay_ms,
             self.ttl_margin_ms,
+            owner[:MAX_OWNER_LENGTH],
+            DEAD_LETTER_LEASE_MS,
         )
         if reply[0] == "retry":
             delay, not_before, attempts, exceptions = reply[1:]
@@ -328,12 +356,31 @@ class RedisStore(Store):
         )
         return _fence(reply)
 
-    def release(self, facts: MessageFacts, token: int) -> FenceDecision:
-        return _fence(self._run("release", facts, token, self.clock(), self.ttl_margin_ms))
+    def release(self, facts: MessageFacts, token: int, owner: str = "") -> FenceDecision:
+        owner = owner[:MAX_OWNER_LENGTH]
+        return _fence(self._run("release", facts, token, self.clock(), self.ttl_margin_ms, owner))
 
-    def reject(self, facts: MessageFacts) -> bool:
-        reply = self._run("reject", facts, self.clock(), facts.expires_at_ms, self.ttl_margin_ms)
-        return reply[0] == "first"
+    def reject(self, facts: MessageFacts, reason: str, owner: str) -> RejectDecision:
+        now = self.clock()
+        reply = self._run(
+            "reject",
+            facts,
+            now,
+            facts.expires_at_ms,
+            self.ttl_margin_ms,
+            reason,
+            owner[:MAX_OWNER_LENGTH],
+            DEAD_LETTER_LEASE_MS,
+        )
+        if reply[0] == "wait":
+            return RejectDecision(Rejected.WAIT, reply[1] - now)
+        return RejectDecision(Rejected(reply[0]))
+
+    def dead_lettered(self, facts: MessageFacts) -> bool:
+        return self._run("dead_lettered", facts, self.clock(), self.ttl_margin_ms)[0] == "ok"
+
+    def first_seen(self, facts: MessageFacts, keep_ms: int) -> int:
+        return int(self._run("first_seen", facts, self.clock(), keep_ms)[0])
 
     def forget(self, queue: str, message_id: str) -> bool:
         self.round_trips += 1
@@ -359,6 +406,8 @@ class RedisStore(Store):
             reply = self._run_and_wait(self._scripts[name], keys, args)
         else:
             reply = self._scripts[name](keys=keys, args=args)
+        if not isinstance(reply, list):
+            reply = [reply]
         return [v.decode() if isinstance(v, bytes) else v for v in reply]
 
     def _run_and_wait(self, script: Any, keys: list[str], args: Sequence[Any]) -> Any:

@@ -6,15 +6,19 @@
 -- ARGV[2]  expires_at_ms      the message's expiry (x-beetle-expires-at)
 -- ARGV[3]  lease_timeout_ms
 -- ARGV[4]  attempts_limit     the most times the body may start
--- ARGV[5]  owner              who claims (host:pid), at most 48 bytes
+-- ARGV[5]  owner              who claims (one run's own id), at most 48 bytes
 -- ARGV[6]  ttl_margin_ms      kept past the message's expiry, lease and retry time
+-- ARGV[7]  dead_letter_lease_ms  how long the owner of a give-up has to publish its dead letter
 --
 -- Returns one of
---   {'acquired', token, attempt, lease_deadline_ms}
---   {'done', status}                       status 'c' completed or 'f' failed
---   {'locked', lease_deadline_ms, owner}   another owner's lease is live
+--   {'acquired', token, attempt, lease_deadline_ms}   also to the same owner asking again
+--                                                     (a lost reply): same token and attempt
+--   {'done', status}                       status 'c' completed or 'f' failed (and dead-lettered)
+--   {'locked', lease_deadline_ms, owner}   another owner's lease is live (a run, or a dead
+--                                          letter being published)
 --   {'delayed', retry_not_before_ms}
---   {'exhausted', attempts}                the record is now failed
+--   {'dead_letter', reason, attempts, exceptions}   the message will not run: publish its
+--                                          dead letter, then dead_lettered.lua
 --   {'expired'}
 
 local key = KEYS[1]
@@ -24,33 +28,54 @@ local lease_timeout = tonumber(ARGV[3])
 local attempts_limit = tonumber(ARGV[4])
 local owner = ARGV[5]
 local margin = tonumber(ARGV[6])
+local dead_letter_lease = tonumber(ARGV[7])
 
 if expires_at <= now then
   return {'expired'}
 end
 
-local fields = redis.call('HMGET', key, 's', 'a', 'l', 'n', 'o', 't', 'x')
+local fields = redis.call('HMGET', key, 's', 'a', 'l', 'n', 'o', 't', 'x', 'w', 'r', 'e')
 local status = fields[1]
 local attempts = tonumber(fields[2]) or 0
 local lease = tonumber(fields[3]) or 0
 local not_before = tonumber(fields[4]) or 0
+local holder = fields[5] or ''
 local token = tonumber(fields[6]) or 0
 local stored_expiry = tonumber(fields[7]) or 0
+local owed = fields[8]
+local exceptions = tonumber(fields[10]) or 0
 
-if status == 'c' or status == 'f' then
+local function owe_dead_letter(reason)
+  local deadline = now + dead_letter_lease
+  redis.call('HSET', key, 's', 'f', 'w', 1, 'r', reason, 'o', owner, 'l', deadline)
+  redis.call('HDEL', key, 'n')
+  redis.call('PEXPIRE', key, math.max(stored_expiry, deadline) - now + margin)
+  return {'dead_letter', reason, attempts, exceptions}
+end
+
+if status == 'c' or (status == 'f' and not owed) then
   return {'done', status}
 end
+if status == 'r' and owner ~= '' and holder == owner then
+  local deadline = now + lease_timeout
+  redis.call('HSET', key, 'l', deadline)
+  redis.call('PEXPIRE', key, math.max(stored_expiry, deadline) - now + margin)
+  return {'acquired', token, attempts, deadline}
+end
+if status == 'f' then
+  if lease > now and holder ~= owner then
+    return {'locked', lease, holder}
+  end
+  return owe_dead_letter(fields[9] or '')
+end
 if status == 'r' and lease > now then
-  return {'locked', lease, fields[5] or ''}
+  return {'locked', lease, holder}
 end
 if status == 'p' and not_before > now then
   return {'delayed', not_before}
 end
 if status and attempts >= attempts_limit then
-  redis.call('HSET', key, 's', 'f')
-  redis.call('HDEL', key, 'l', 'n', 'o')
-  redis.call('PEXPIRE', key, math.max(stored_expiry - now, 0) + margin)
-  return {'exhausted', attempts}
+  return owe_dead_letter('attempts_limit')
 end
 
 local deadline = now + lease_timeout

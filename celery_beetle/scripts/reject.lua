@@ -1,26 +1,41 @@
--- reject.lua: mark bad input (an unknown task, an undecodable body) failed without a run.
+-- reject.lua: fail bad input (an unknown task, an undecodable body) without a run.
 -- The same rules as celery_beetle.outcome.decide_reject, in one atomic step: the first copy
--- to ask is the one dead-lettered; every later copy finds the record final and is acked.
+-- to ask dead-letters the message (its dead letter is owed by that owner until
+-- dead_lettered.lua); every later copy finds it settled and is acked.
 --
 -- KEYS[1]  the message's record, beetle:{<queue>:<message_id>}
 -- ARGV[1]  now_ms
 -- ARGV[2]  expires_at_ms      the message's expiry (x-beetle-expires-at)
 -- ARGV[3]  ttl_margin_ms
+-- ARGV[4]  reason             why (x-beetle-dead-reason)
+-- ARGV[5]  owner              who asks (the same owner asking again gets 'first' again)
+-- ARGV[6]  dead_letter_lease_ms
 --
--- Returns {'first'} (now failed: dead-letter this copy), or {'done', status} if the record
--- was completed or failed already (ack this copy, nothing else).
+-- Returns {'first'} (dead-letter this copy), {'done', status} (settled already: ack this
+-- copy, nothing else), or {'wait', lease_deadline_ms}: another owner's lease is live (its
+-- dead letter is being published, or it runs), so hand this copy back until then.
 
 local key = KEYS[1]
 local now = tonumber(ARGV[1])
 local expires_at = tonumber(ARGV[2])
 local margin = tonumber(ARGV[3])
+local reason = ARGV[4]
+local owner = ARGV[5]
+local dead_letter_lease = tonumber(ARGV[6])
 
-local status = redis.call('HGET', key, 's')
-if status == 'c' or status == 'f' then
+local fields = redis.call('HMGET', key, 's', 'w', 'l', 'o')
+local status = fields[1]
+if status == 'c' or (status == 'f' and not fields[2]) then
   return {'done', status}
 end
+local lease = tonumber(fields[3]) or 0
+if (status == 'r' or status == 'f') and lease > now and fields[4] ~= owner then
+  return {'wait', lease}
+end
 
-redis.call('HSET', key, 's', 'f', 'x', expires_at)
-redis.call('HDEL', key, 'l', 'n', 'o')
-redis.call('PEXPIRE', key, math.max(expires_at - now, 0) + margin)
+local deadline = now + dead_letter_lease
+redis.call('HSET', key, 's', 'f', 'x', expires_at, 'w', 1, 'r', reason, 'o', owner,
+  'l', deadline)
+redis.call('HDEL', key, 'n')
+redis.call('PEXPIRE', key, math.max(expires_at, deadline) - now + margin)
 return {'first'}

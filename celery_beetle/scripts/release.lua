@@ -3,9 +3,10 @@
 -- becomes pending, due at once, and the attempt the claim counted is taken back.
 --
 -- KEYS[1]  the message's record, beetle:{<queue>:<message_id>}
--- ARGV[1]  token              the fencing token the claim returned
+-- ARGV[1]  token              the fencing token the claim returned; 0: release by owner
 -- ARGV[2]  now_ms
 -- ARGV[3]  ttl_margin_ms
+-- ARGV[4]  owner              with token 0: the owner of a claim whose reply never came
 --
 -- Returns {'ok'}, or {'not_owner', status, token} as complete.lua does.
 
@@ -13,10 +14,12 @@ local key = KEYS[1]
 local token = tonumber(ARGV[1])
 local now = tonumber(ARGV[2])
 local margin = tonumber(ARGV[3])
+local owner = ARGV[4] or ''
 
-local fields = redis.call('HMGET', key, 's', 'a', 't', 'x')
+local fields = redis.call('HMGET', key, 's', 'a', 't', 'x', 'o')
 local stored_token = tonumber(fields[3]) or 0
-if fields[1] ~= 'r' or stored_token ~= token then
+local by_owner = token == 0 and owner ~= '' and fields[1] == 'r' and fields[5] == owner
+if not by_owner and (fields[1] ~= 'r' or stored_token ~= token) then
   return {'not_owner', fields[1] or '', stored_token}
 end
 

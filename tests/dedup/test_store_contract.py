@@ -18,7 +18,16 @@ import pytest
 import redis
 
 from celery_beetle.fake_store import FakeStore
-from celery_beetle.outcome import Claim, Failure, Fence, Gate, GiveUpReason, Limits
+from celery_beetle.outcome import (
+    DEAD_LETTER_LEASE_MS,
+    Claim,
+    Failure,
+    Fence,
+    Gate,
+    GiveUpReason,
+    Limits,
+    Rejected,
+)
 from celery_beetle.state import MessageFacts, State, Status
 from celery_beetle.store import RedisStore, Store
 from tests.dedup.conftest import ManualClock
@@ -78,15 +87,66 @@ def test_claim_after_the_lease_expired_is_acquired_with_a_new_token_and_the_next
     assert (claim.outcome, claim.token, claim.attempt) == (Claim.ACQUIRED, 2, 2)
 
 
-def test_claim_after_the_last_attempt_crashed_fails_the_message(store, clock):
+def test_claim_after_the_last_attempt_crashed_fails_the_message_once_dead_lettered(store, clock):
     msg = message(clock)
     limits = Limits(lease_timeout_ms=LEASE_MS, attempts=1)
     store.claim(msg, limits, "w1")
     clock.advance(LEASE_MS)
     claim = store.claim(msg, limits, "w2")
-    assert (claim.outcome, claim.attempt) == (Claim.ATTEMPTS_EXHAUSTED, 1)
+    assert (claim.outcome, claim.attempt, claim.reason) == (Claim.DEAD_LETTER, 1, "attempts_limit")
+    assert store.gate(msg).outcome is Gate.DEFER, "w2 is publishing the dead letter"
+    assert store.claim(msg, limits, "w3").outcome is Claim.LOCKED
+    assert store.dead_lettered(msg) is True
+    assert store.dead_lettered(msg) is False
     assert store.gate(msg).outcome is Gate.DROP_DUPLICATE
     assert store.claim(msg, limits, "w3").status is Status.FAILED
+
+
+def test_an_owed_dead_letter_is_handed_to_another_copy_after_its_lease(store, clock):
+    msg = message(clock)
+    limits = Limits(lease_timeout_ms=LEASE_MS, attempts=1)
+    token = store.claim(msg, limits, "w1").token
+    assert store.fail(msg, token, limits, False, "w1").outcome is Failure.GIVE_UP
+    clock.advance(DEAD_LETTER_LEASE_MS)  # w1 died before publishing it
+    assert store.gate(msg).outcome is Gate.RUN
+    claim = store.claim(msg, limits, "w2")
+    assert (claim.outcome, claim.reason) == (Claim.DEAD_LETTER, "not_retryable")
+
+
+def test_a_claim_retried_after_a_lost_reply_is_recognised_as_its_own(store, clock):
+    msg = message(clock)
+    limits = Limits(lease_timeout_ms=LEASE_MS, attempts=1)
+    first = store.claim(msg, limits, "run-a")
+    clock.advance(1_000)
+    again = store.claim(msg, limits, "run-a")
+    assert (again.outcome, again.token, again.attempt) == (Claim.ACQUIRED, first.token, 1)
+    assert store.claim(msg, limits, "run-b").outcome is Claim.LOCKED
+
+
+def test_a_failure_retried_after_a_lost_reply_gets_the_same_answer(store, clock):
+    msg = message(clock)
+    token = store.claim(msg, LIMITS, "w1").token
+    first = store.fail(msg, token, LIMITS, True, "w1")
+    clock.advance(100)
+    again = store.fail(msg, token, LIMITS, True, "w1")
+    assert again.outcome is Failure.RETRY
+    assert again.retry_not_before_ms == first.retry_not_before_ms
+
+
+def test_a_claim_whose_reply_never_came_is_released_by_its_owner(store, clock):
+    msg = message(clock)
+    store.claim(msg, LIMITS, "run-a")
+    assert store.release(msg, 0, "run-b").outcome is Fence.NOT_OWNER
+    assert store.release(msg, 0, "run-a").outcome is Fence.OK
+    assert store.claim(msg, LIMITS, "run-c").attempt == 1
+
+
+def test_first_seen_is_kept_across_calls(store, clock):
+    msg = message(clock)
+    first = store.first_seen(msg, 60_000)
+    clock.advance(5_000)
+    assert store.first_seen(msg, 60_000) == first
+    assert store.peek(msg.queue, msg.message_id) is None, "the mark is no record"
 
 
 def test_an_expired_message_is_dropped_by_the_gate_without_a_read_and_never_claimed(store, clock):
@@ -177,6 +237,8 @@ def test_failure_past_the_attempts_limit_gives_up_and_the_message_is_failed(stor
     failure = store.fail(msg, last.token, LIMITS, retryable=True)
     assert (failure.outcome, failure.reason) == (Failure.GIVE_UP, GiveUpReason.ATTEMPTS_LIMIT)
     assert (failure.attempts, failure.exceptions) == (3, 3)
+    assert store.gate(msg).outcome is Gate.DEFER, "until its dead letter is stored"
+    assert store.dead_lettered(msg) is True
     gate = store.gate(msg)
     assert (gate.outcome, gate.status) == (Gate.DROP_DUPLICATE, Status.FAILED)
     assert store.claim(msg, LIMITS, "w2").outcome is Claim.ALREADY_DONE
@@ -230,8 +292,11 @@ def test_release_hands_the_message_back_without_counting_the_attempt(store, cloc
 
 def test_bad_input_is_rejected_once_and_its_other_copies_are_duplicates(store, clock):
     msg = message(clock)
-    assert store.reject(msg) is True
-    assert store.reject(msg) is False
+    assert store.reject(msg, "undecodable", "g1").outcome is Rejected.FIRST
+    waiting = store.reject(msg, "undecodable", "g2")
+    assert (waiting.outcome, waiting.delay_ms) == (Rejected.WAIT, DEAD_LETTER_LEASE_MS)
+    assert store.dead_lettered(msg) is True
+    assert store.reject(msg, "undecodable", "g2").outcome is Rejected.DONE
     decision = store.gate(msg)
     assert (decision.outcome, decision.status) == (Gate.DROP_DUPLICATE, Status.FAILED)
     assert store.claim(msg, LIMITS, "w1").outcome is Claim.ALREADY_DONE
@@ -240,7 +305,7 @@ def test_bad_input_is_rejected_once_and_its_other_copies_are_duplicates(store, c
 def test_a_completed_message_is_never_rejected(store, clock):
     msg = message(clock)
     store.complete(msg, store.claim(msg, LIMITS, "w1").token)
-    assert store.reject(msg) is False
+    assert store.reject(msg, "unknown_task", "g1").outcome is Rejected.DONE
     assert store.peek(msg.queue, msg.message_id).status is Status.COMPLETED
 
 
@@ -378,7 +443,7 @@ def test_fake_and_redis_agree_on_random_histories(redis_url):
     Four slots each hold one message at a time; a message that is finished or expired is
     replaced by a new one, so the history keeps visiting every outcome.
     """
-    rng = random.Random(20261121)
+    rng = random.Random(20261123)
     clock = ManualClock(1_800_000_000_000)
     fake = FakeStore(clock=clock)
     real = RedisStore.from_url(redis_url, clock=clock)
@@ -391,11 +456,11 @@ def test_fake_and_redis_agree_on_random_histories(redis_url):
     serial = itertools.count()
     slots = [fresh(next(serial)) for _ in range(4)]
     try:
-        for step in range(2_000):
+        for step in range(3_000):
             index = rng.randrange(len(slots))
             msg, token = slots[index]
             state = fake.peek(msg.queue, msg.message_id)
-            done = msg.expires_at_ms <= clock() or (state and state.status.is_final)
+            done = msg.expires_at_ms <= clock() or (state and state.settled)
             if done and rng.random() < 0.5:
                 slots[index] = fresh(next(serial))
                 msg, token = slots[index]
@@ -408,13 +473,15 @@ def test_fake_and_redis_agree_on_random_histories(redis_url):
             )
             use = token if rng.random() < 0.8 else token - 1
             operation = rng.choice(
-                ["gate", "claim", "claim", "complete", "fail", "extend", "release", "reject"]
-            )
+                ["gate", "claim", "claim", "complete", "fail", "extend", "release", "reject",
+                 "dead_lettered"]
+            )  # fmt: skip
+            owner = rng.choice(["w", "v"])
             answers: tuple[object, object]
             if operation == "gate":
                 answers = fake.gate(msg), real.gate(msg)
             elif operation == "claim":
-                answers = fake.claim(msg, limits, "w"), real.claim(msg, limits, "w")
+                answers = fake.claim(msg, limits, owner), real.claim(msg, limits, owner)
                 if answers[0].acquired:
                     slots[index] = msg, answers[0].token
             elif operation == "complete":
@@ -422,18 +489,21 @@ def test_fake_and_redis_agree_on_random_histories(redis_url):
             elif operation == "fail":
                 retryable = rng.random() < 0.8
                 answers = (
-                    fake.fail(msg, use, limits, retryable),
-                    real.fail(msg, use, limits, retryable),
+                    fake.fail(msg, use, limits, retryable, owner),
+                    real.fail(msg, use, limits, retryable, owner),
                 )
             elif operation == "extend":
                 answers = fake.extend(msg, use, 2_000), real.extend(msg, use, 2_000)
             elif operation == "reject":
-                answers = fake.reject(msg), real.reject(msg)
+                answers = fake.reject(msg, "bad", owner), real.reject(msg, "bad", owner)
+            elif operation == "dead_lettered":
+                answers = fake.dead_lettered(msg), real.dead_lettered(msg)
             else:
-                answers = fake.release(msg, use), real.release(msg, use)
+                by = rng.choice([use, 0])
+                answers = fake.release(msg, by, owner), real.release(msg, by, owner)
             assert answers[0] == answers[1], (step, operation, msg)
             assert fake.peek("q", msg.message_id) == real.peek("q", msg.message_id), (step, msg)
-            seen.add((operation, str(getattr(answers[0], "outcome", ""))))
+            seen.add((operation, str(getattr(answers[0], "outcome", answers[0]))))
             clock.advance(rng.choice([0, 0, 50, 200, 700, 2_000]))
     finally:
         real.close()
@@ -442,7 +512,9 @@ def test_fake_and_redis_agree_on_random_histories(redis_url):
         ("claim", "Claim.ACQUIRED"),
         ("claim", "Claim.LOCKED"),
         ("claim", "Claim.DELAYED"),
-        ("claim", "Claim.ATTEMPTS_EXHAUSTED"),
+        ("claim", "Claim.DEAD_LETTER"),
+        ("reject", "Rejected.WAIT"),
+        ("reject", "Rejected.FIRST"),
         ("claim", "Claim.ALREADY_DONE"),
         ("complete", "Fence.OK"),
         ("fail", "Failure.RETRY"),

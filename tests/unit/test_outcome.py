@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from celery_beetle.outcome import (
+    DEAD_LETTER_LEASE_MS,
     Claim,
     Failure,
     Fence,
@@ -14,8 +15,10 @@ from celery_beetle.outcome import (
     Gate,
     GiveUpReason,
     Limits,
+    Rejected,
     decide_claim,
     decide_complete,
+    decide_dead_lettered,
     decide_extend,
     decide_failure,
     decide_gate,
@@ -123,12 +126,54 @@ def test_claim_before_retry_not_before_is_delayed():
     assert (decision.outcome, decision.delay_ms, state) == (Claim.DELAYED, 500, None)
 
 
-def test_claim_after_the_last_attempt_crashed_marks_the_message_failed():
+def test_claim_after_the_last_attempt_crashed_fails_the_message_and_owes_its_dead_letter():
     crashed = running(attempts=3, token=3)
     decision, state = decide_claim(crashed, FACTS, LIMITS, "w2", NOW + 60_000)
-    assert (decision.outcome, decision.attempt) == (Claim.ATTEMPTS_EXHAUSTED, 3)
-    assert state is not None and state.status is Status.FAILED
-    assert (state.owner, state.lease_deadline_ms) == ("", 0)
+    assert (decision.outcome, decision.attempt) == (Claim.DEAD_LETTER, 3)
+    assert decision.reason == GiveUpReason.ATTEMPTS_LIMIT.value
+    assert state is not None and state.status is Status.FAILED and not state.settled
+    assert state.dead_letter_owed and state.reason == "attempts_limit"
+    assert (state.owner, state.lease_deadline_ms) == ("w2", NOW + 60_000 + DEAD_LETTER_LEASE_MS)
+
+
+def test_a_claim_retried_by_its_owner_after_a_lost_reply_gets_the_same_token_and_attempt():
+    decision, state = decide_claim(None, FACTS, LIMITS, "w1", NOW)
+    assert state is not None
+    again, state2 = decide_claim(state, FACTS, LIMITS, "w1", NOW + 1_000)
+    assert (again.outcome, again.token, again.attempt) == (Claim.ACQUIRED, 1, 1)
+    assert again.lease_deadline_ms == NOW + 1_000 + 60_000
+    assert state2 == replace(state, lease_deadline_ms=NOW + 61_000)
+
+
+def test_a_lost_reply_of_the_exhausting_claim_gets_the_dead_letter_again_not_a_duplicate():
+    crashed = running(attempts=3, token=3)
+    _, owed = decide_claim(crashed, FACTS, LIMITS, "w2", NOW + 60_000)
+    again, _ = decide_claim(owed, FACTS, LIMITS, "w2", NOW + 60_001)
+    assert (again.outcome, again.reason) == (Claim.DEAD_LETTER, "attempts_limit")
+
+
+def test_an_owed_dead_letter_is_locked_for_others_until_its_lease_ends_then_handed_over():
+    start = NOW + 60_000
+    _, owed = decide_claim(running(attempts=3, token=3), FACTS, LIMITS, "w2", start)
+    assert owed is not None
+    assert decide_gate(owed, FACTS, start + 1).outcome is Gate.DEFER
+    locked, _ = decide_claim(owed, FACTS, LIMITS, "w3", start + 1)
+    assert (locked.outcome, locked.owner) == (Claim.LOCKED, "w2")
+    later = start + DEAD_LETTER_LEASE_MS
+    assert decide_gate(owed, FACTS, later).outcome is Gate.RUN
+    taken, state = decide_claim(owed, FACTS, LIMITS, "w3", later)
+    assert (taken.outcome, taken.reason) == (Claim.DEAD_LETTER, "attempts_limit")
+    assert state is not None and state.owner == "w3"
+
+
+def test_once_dead_lettered_the_failed_message_is_settled_and_every_copy_a_duplicate():
+    _, owed = decide_claim(running(attempts=3, token=3), FACTS, LIMITS, "w2", NOW + 60_000)
+    marked, state = decide_dead_lettered(owed)
+    assert marked and state is not None and state.settled
+    assert (state.owner, state.lease_deadline_ms, state.reason) == ("", 0, "attempts_limit")
+    assert decide_dead_lettered(state) == (False, None)
+    assert decide_gate(state, FACTS, NOW).outcome is Gate.DROP_DUPLICATE
+    assert decide_claim(state, FACTS, LIMITS, "w3", NOW)[0].outcome is Claim.ALREADY_DONE
 
 
 def test_claim_of_an_expired_message_writes_nothing():
@@ -234,6 +279,31 @@ def test_default_limits_give_up_at_the_first_exception():
     assert decision.reason is GiveUpReason.ATTEMPTS_LIMIT
 
 
+def test_a_give_up_leaves_the_dead_letter_owed_by_the_failing_run():
+    decision, state = decide_failure(running(), 1, LIMITS, False, NOW, owner="w1")
+    assert decision.outcome is Failure.GIVE_UP
+    assert state is not None and state.dead_letter_owed and state.reason == "not_retryable"
+    assert (state.owner, state.lease_deadline_ms) == ("w1", NOW + DEAD_LETTER_LEASE_MS)
+
+
+def test_a_failure_reported_again_after_a_lost_reply_gets_the_same_answer_and_writes_nothing():
+    retry, pending = decide_failure(running(), 1, LIMITS, True, NOW, owner="w1")
+    again, write = decide_failure(pending, 1, LIMITS, True, NOW + 100, owner="w1")
+    assert write is None and again.outcome is Failure.RETRY
+    assert again.retry_not_before_ms == retry.retry_not_before_ms and again.delay_ms == 900
+    give_up, failed = decide_failure(running(), 1, LIMITS, False, NOW, owner="w1")
+    again, write = decide_failure(failed, 1, LIMITS, False, NOW + 100, owner="w1")
+    assert (again, write) == (give_up, None)
+
+
+def test_a_claim_whose_reply_never_came_is_released_by_its_owner():
+    fence, state = decide_release(running(), 0, "w1")
+    assert fence.ok and state is not None and state.status is Status.PENDING
+    assert state.attempts == 0
+    assert not decide_release(running(), 0, "w2")[0].ok
+    assert not decide_release(running(), 0, "")[0].ok
+
+
 def test_a_stale_worker_cannot_report_a_failure():
     decision, state = decide_failure(running(token=2), 1, LIMITS, True, NOW)
     assert (decision.outcome, state) == (Failure.NOT_OWNER, None)
@@ -285,10 +355,30 @@ def test_a_record_of_an_expired_message_still_lives_for_the_margin():
 
 def test_reject_fails_an_unrun_message_for_the_first_copy_only():
     facts = MessageFacts("celery", "m-1", expires_at_ms=5_000)
-    first, state = decide_reject(None, facts)
-    assert first and state == State(Status.FAILED, expires_at_ms=5_000)
-    assert decide_reject(state, facts) == (False, None)
+    first, state = decide_reject(None, facts, "unknown_task", "g1", 1_000)
+    assert first.outcome is Rejected.FIRST
+    deadline = 1_000 + DEAD_LETTER_LEASE_MS
+    assert state == State(
+        Status.FAILED,
+        expires_at_ms=5_000,
+        dead_letter_owed=True,
+        reason="unknown_task",
+        owner="g1",
+        lease_deadline_ms=deadline,
+    )
+    wait, _ = decide_reject(state, facts, "unknown_task", "g2", 1_000)
+    assert (wait.outcome, wait.delay_ms) == (Rejected.WAIT, DEAD_LETTER_LEASE_MS)
+    assert decide_reject(state, facts, "unknown_task", "g1", 1_001)[0].outcome is Rejected.FIRST
+    _, settled = decide_dead_lettered(state)
+    assert decide_reject(settled, facts, "unknown_task", "g2", 1_000)[0].outcome is Rejected.DONE
+    assert decide_reject(State(Status.COMPLETED), facts, "x", "g", 1)[0].outcome is Rejected.DONE
+
+
+def test_reject_waits_for_a_live_run_and_fails_a_crashed_one():
+    facts = MessageFacts("celery", "m-1", expires_at_ms=5_000)
     running = State(Status.RUNNING, attempts=1, lease_deadline_ms=9_000, owner="w", token=3)
-    first, state = decide_reject(running, facts)
-    assert first and state == State(Status.FAILED, attempts=1, token=3, expires_at_ms=5_000)
-    assert decide_reject(State(Status.COMPLETED), facts) == (False, None)
+    wait, state = decide_reject(running, facts, "unknown_task", "g1", 8_000)
+    assert (wait.outcome, wait.delay_ms, state) == (Rejected.WAIT, 1_000, None)
+    first, state = decide_reject(running, facts, "unknown_task", "g1", 9_000)
+    assert first.outcome is Rejected.FIRST
+    assert state is not None and (state.attempts, state.token) == (1, 3)

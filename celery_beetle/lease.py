@@ -20,6 +20,9 @@ lease from a daemon thread, until :meth:`LeaseKeeper.stop` when the body ends:
 
 :func:`pool_enforces_time_limits` tells the run whether it needs a keeper at all.
 
+Under gevent or eventlet with monkey-patching the keeper's thread is a greenlet: a body that
+never yields starves it as well, so the keeper helps only bodies that do I/O there.
+
 Time: the keeper reads the store's clock (milliseconds, the clock the store passes to its
 scripts, so the deadlines it compares are the stored ones) and waits on an Event, so
 :meth:`~LeaseKeeper.stop` ends it at once; tests inject both and never sleep.
@@ -184,6 +187,8 @@ class LeaseKeeper:
             )
             return delay_s
         if decision.outcome is Fence.NOT_OWNER:
+            if self._stopped.is_set():  # stop() came while this was in flight: the run is over
+                return 0.0
             self.lost = True
             self._stopped.set()
             logger.warning(

@@ -227,3 +227,23 @@ def test_a_subclass_or_instance_of_the_prefork_pool_enforces_time_limits():
 )
 def test_solo_threads_green_and_custom_pools_do_not_enforce_time_limits(pool):
     assert not pool_enforces_time_limits(pool)
+
+
+def test_a_refusal_that_answers_after_stop_is_not_reported_as_a_takeover(caplog):
+    clock = Clock()
+
+    class BodyEndsDuringExtend(SpyStore):
+        """The run stops the keeper and completes while an extension is in flight."""
+
+        def extend(self, facts: MessageFacts, token: int, lease_timeout_ms: int) -> FenceDecision:
+            keeper.stop()
+            self.complete(facts, token)
+            return super().extend(facts, token, lease_timeout_ms)
+
+    store = BodyEndsDuringExtend(clock)
+    token = claimed(store, 3)
+    keeper = LeaseKeeper(store, FACTS, token, 3_000, wait=Waits(clock, stop_after=10))
+    with caplog.at_level(logging.WARNING, logger="celery_beetle.lease"):
+        run_to_end(keeper)
+    assert store.extend_times == [NOW_MS + 1_000]
+    assert not keeper.lost and "taken over" not in caplog.text

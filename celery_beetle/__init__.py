@@ -10,7 +10,7 @@ deliveries before the pool, and the opt-in ``BeetleTask`` base class::
     app.conf.beetle_redis_url = "redis://redis:6379/0"
     celery_beetle.install(app)
 
-    @app.task(base=BeetleTask, attempts=3, exceptions=2, delay=5)
+    @app.task(base=BeetleTask, attempts=3, exceptions=2, retry_delay=5)
     def charge(order_id): ...
 
 Settings (``app.conf.beetle_*``): :mod:`celery_beetle.settings`. Task options:

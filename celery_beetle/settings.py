@@ -10,7 +10,8 @@ Read from the Celery app's configuration (``app.conf``):
 ``beetle_default_timeout``      lease per run, seconds (300)
 ``beetle_default_attempts``     most runs of a message, crashes included (1)
 ``beetle_default_exceptions``   exceptions tolerated; at most attempts - 1 (0)
-``beetle_default_delay``        wait before the first retry, seconds; doubles (10)
+``beetle_default_retry_delay``  wait before the first retry, seconds; doubles (10).
+                                ``beetle_default_delay`` is its deprecated alias
 ``beetle_default_max_delay``    cap on that wait, seconds (600)
 ``beetle_default_retry_on``     exception classes (or dotted names) worth a retry
                                 (all ``Exception``)
@@ -34,16 +35,23 @@ The dedup store's URL (``beetle_redis_url``) takes one of these forms::
 Sentinels that need their own take ``?sentinel_password=...``. Sentinel and Cluster URLs
 also take ``?socket_timeout=`` and ``?socket_connect_timeout=`` (seconds).
 
-A task overrides the limits with its own ``timeout``, ``attempts``, ``exceptions``, ``delay``,
-``max_delay`` and ``retry_on`` (:meth:`BeetleSettings.for_task`). The limits follow beetle:
-a message runs at most ``attempts`` times, and gives up at the ``exceptions + 1``-th exception,
-so ``exceptions`` above ``attempts - 1`` could never take effect and is refused.
+A task overrides the limits with its own ``timeout``, ``attempts``, ``exceptions``,
+``retry_delay``, ``max_delay`` and ``retry_on`` (:data:`TASK_OPTIONS`, applied by
+:func:`celery_beetle.task.resolve_settings`). The limits follow beetle: a message runs at most
+``attempts`` times, and gives up at the ``exceptions + 1``-th exception, so ``exceptions``
+above ``attempts - 1`` could never take effect and is refused.
+
+``delay`` was the first name of ``retry_delay``; it collides with Celery's ``Task.delay()``
+method, so it is deprecated: the task option ``delay=``, ``with_options(delay=...)`` and the
+setting ``beetle_default_delay`` still work, with a :class:`DeprecationWarning`. Given together
+with the new name and a different value, they are refused rather than one silently winning.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,20 +60,23 @@ from urllib.parse import parse_qsl, unquote
 from celery_beetle.outcome import Limits
 
 __all__ = [
+    "DEPRECATED_OPTIONS",
     "EXPECTED_URL_FORMS",
+    "TASK_OPTIONS",
     "BeetleSettings",
     "StoreAddress",
     "mask_url",
     "parse_store_url",
+    "take_deprecated",
 ]
 
-#: Task option name -> settings field. The same names prefixed ``beetle_default_`` are the
-#: app-wide defaults.
+#: The documented task option names -> settings fields: the one map of task options. A task
+#: sets them as attributes of the same name; ``beetle_default_<name>`` is the app-wide default.
 TASK_OPTIONS: Mapping[str, str] = {
     "timeout": "lease_timeout_s",
     "attempts": "attempts",
     "exceptions": "exceptions",
-    "delay": "delay_s",
+    "retry_delay": "delay_s",
     "max_delay": "max_delay_s",
     "retry_on": "retry_on",
 }
@@ -80,12 +91,16 @@ _APP_OPTIONS: Mapping[str, str] = {
     **{f"beetle_default_{name}": attr for name, attr in TASK_OPTIONS.items()},
 }
 
+#: Deprecated option names -> the documented ones, still accepted with a DeprecationWarning.
+#: ``delay`` shadowed Celery's ``Task.delay()`` method.
+DEPRECATED_OPTIONS: Mapping[str, str] = {"delay": "retry_delay"}
+
 RetryOn = tuple[type[BaseException] | str, ...]
 
 
 @dataclass(frozen=True, repr=False)
 class BeetleSettings:
-    """Validated settings; build with :meth:`from_app`, narrow per task with :meth:`for_task`.
+    """Validated settings; build with :meth:`from_app`, narrow per task with :meth:`with_options`.
 
     ``retry_on`` accepts classes and dotted names (``"requests.ConnectionError"``): names are
     imported here, so a typo fails at worker start, not at the first exception.
@@ -180,7 +195,11 @@ class BeetleSettings:
     def from_app(cls, app: Any) -> BeetleSettings:
         """Settings from ``app.conf`` (names in the module docstring); unset ones keep defaults."""
         conf = app.conf
-        values = {attr: conf.get(name) for name, attr in _APP_OPTIONS.items()}
+        names = {name: conf.get(name) for name in _APP_OPTIONS}
+        for old, new in DEPRECATED_OPTIONS.items():
+            old_name, new_name = f"beetle_default_{old}", f"beetle_default_{new}"
+            names[new_name] = take_deprecated(names, old_name, new_name, conf.get(old_name))
+        values = {attr: names[name] for name, attr in _APP_OPTIONS.items()}
         values["redis_url"] = values["redis_url"] or ""
         return cls(**{attr: value for attr, value in values.items() if value is not None})
 
@@ -208,8 +227,11 @@ class BeetleSettings:
         return isinstance(exc, self.retry_on_classes)
 
     def with_options(self, **options: Any) -> BeetleSettings:
-        """These settings with task options (``timeout``, ``attempts``, ``exceptions``,
-        ``delay``, ``max_delay``, ``retry_on``) over them; None keeps the default."""
+        """These settings with task options (the names of :data:`TASK_OPTIONS`) over them;
+        None keeps the default. ``delay`` is taken for ``retry_delay``, with a warning."""
+        for old, new in DEPRECATED_OPTIONS.items():
+            if old in options:
+                options[new] = take_deprecated(options, old, new, options.pop(old))
         unknown = set(options) - set(TASK_OPTIONS)
         if unknown:
             raise TypeError(
@@ -219,21 +241,27 @@ class BeetleSettings:
         changes = {TASK_OPTIONS[k]: v for k, v in options.items() if v is not None}
         return dataclasses.replace(self, **changes) if changes else self
 
-    def for_task(self, task: Any) -> BeetleSettings:
-        """These settings with the task's own options over them.
 
-        An option is the task attribute of the same name; None means "the default". A
-        callable is skipped, because ``delay`` is also Celery's ``Task.delay()``.
-        """
-        options = {}
-        for name in TASK_OPTIONS:
-            value = getattr(task, name, None)
-            if value is not None and not (callable(value) and name != "retry_on"):
-                options[name] = value
-        try:
-            return self.with_options(**options)
-        except ValueError as exc:
-            raise ValueError(f"task {getattr(task, 'name', task)!r}: {exc}") from None
+def take_deprecated(values: Mapping[str, Any], old: str, new: str, old_value: Any) -> Any:
+    """The value for ``new`` when a deprecated name ``old`` was given ``old_value``.
+
+    Warns when ``old`` is used (None counts as unset). Both names with different values are
+    refused: silently preferring one would run a task with a delay its author did not mean.
+    """
+    new_value = values.get(new)
+    if old_value is None:
+        return new_value
+    warnings.warn(
+        f"{old!r} is deprecated: use {new!r} (Celery's Task.delay() is a method)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    if new_value is not None and new_value != old_value:
+        raise ValueError(
+            f"{old}={old_value!r} and {new}={new_value!r} disagree: {old!r} is the "
+            f"deprecated name of {new!r}, so set only {new!r}"
+        )
+    return old_value
 
 
 def _require(condition: bool, message: str) -> None:

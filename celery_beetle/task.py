@@ -6,8 +6,8 @@
     app.conf.beetle_redis_url = "redis://redis:6379/0"
     celery_beetle.install(app)
 
-    @app.task(base=BeetleTask, timeout=60, attempts=3, exceptions=2, delay=5, max_delay=300,
-              retry_on=(ConnectionError,))
+    @app.task(base=BeetleTask, timeout=60, attempts=3, exceptions=2, retry_delay=5,
+              max_delay=300, retry_on=(ConnectionError,))
     def charge(order_id): ...
 
 Publishing (:meth:`BeetleTask.apply_async`) marks the message redundant (header
@@ -20,8 +20,8 @@ Running: the worker's gate (:mod:`celery_beetle.gate`) drops copies that already
 pool, :class:`~celery_beetle.run.Run` claims the message before the body runs and records the
 outcome after. Called directly, or eagerly, the body just runs.
 
-Options (each also an app-wide default ``beetle_default_<name>``; see
-:mod:`celery_beetle.settings`):
+Options (the names of :data:`celery_beetle.settings.TASK_OPTIONS`, set as task attributes;
+each also an app-wide default ``beetle_default_<name>``; see :mod:`celery_beetle.settings`):
 
 ================  ======================================================================
 ``timeout``       lease per run, seconds. The task's hard time limit is derived from it
@@ -31,10 +31,10 @@ Options (each also an app-wide default ``beetle_default_<name>``; see
                   and threads pools cannot enforce time limits.
 ``attempts``      most runs of one message, crashes included
 ``exceptions``    exceptions tolerated (retried) before giving up
-``delay``         wait before the first retry, seconds; doubles per failure. Celery's
-                  ``Task.delay()`` is a method, so the option is stored as
-                  ``retry_delay`` (``@app.task(base=BeetleTask, delay=5)`` still works: the
-                  value is moved there and ``.delay()`` keeps working)
+``retry_delay``   wait before the first retry, seconds; doubles per failure. ``delay``
+                  is its deprecated alias: ``@app.task(base=BeetleTask, delay=5)`` warns,
+                  the value is moved to ``retry_delay`` and Celery's ``.delay()`` method
+                  keeps working
 ``max_delay``     cap on that wait, seconds
 ``retry_on``      exception classes (or dotted names) worth a retry; others give up at once
 ``redundant``     publish two copies (default True)
@@ -53,7 +53,7 @@ from typing import Any
 from celery import Task
 
 from celery_beetle.run import AttemptsExhausted, Run
-from celery_beetle.settings import BeetleSettings
+from celery_beetle.settings import DEPRECATED_OPTIONS, TASK_OPTIONS, BeetleSettings, take_deprecated
 from kombu_beetle.envelope import FLAG_REDUNDANT, FLAGS_HEADER
 
 __all__ = [
@@ -67,16 +67,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: task attribute -> BeetleSettings.with_options() name
-OPTION_ATTRIBUTES: dict[str, str] = {
-    "timeout": "timeout",
-    "attempts": "attempts",
-    "exceptions": "exceptions",
-    "retry_delay": "delay",
-    "max_delay": "max_delay",
-    "retry_on": "retry_on",
-}
-
 
 class BeetleTask(Task):
     """A Celery task that runs once per logical message, whatever the copies and crashes."""
@@ -87,7 +77,7 @@ class BeetleTask(Task):
     #: tells the gate which runs completed (see :class:`~celery_beetle.bootstep.BeetleRequest`)
     Request = "celery_beetle.bootstep:BeetleRequest"
 
-    #: the design's options; None = the app-wide default
+    #: the options of :data:`~celery_beetle.settings.TASK_OPTIONS`; None = the app-wide default
     timeout: float | None = None
     attempts: int | None = None
     exceptions: int | None = None
@@ -101,12 +91,16 @@ class BeetleTask(Task):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         # @app.task(base=BeetleTask, delay=5) builds a subclass with delay=5, shadowing
-        # Task.delay(); move the number to retry_delay and let the method show through.
-        if "delay" in cls.__dict__ and not callable(cls.__dict__["delay"]):
-            value = cls.__dict__["delay"]
-            delattr(cls, "delay")
-            if value is not None:
-                cls.retry_delay = value
+        # Task.delay(); move the number to retry_delay (warning) and let the method show through.
+        for old, new in DEPRECATED_OPTIONS.items():
+            if old in cls.__dict__ and not callable(cls.__dict__[old]):
+                try:
+                    value = take_deprecated(cls.__dict__, old, new, cls.__dict__[old])
+                except ValueError as exc:
+                    raise ValueError(f"task {cls.__dict__.get('name', cls)!r}: {exc}") from None
+                delattr(cls, old)
+                if value is not None:
+                    setattr(cls, new, value)
 
     # -- settings --------------------------------------------------------------------------
 
@@ -181,7 +175,7 @@ def is_beetle_task(task: Any) -> bool:
 
 def resolve_settings(task: Any, app_settings: BeetleSettings) -> BeetleSettings:
     """``app_settings`` with the task's options over them; a clear error names the task."""
-    options = {name: getattr(task, attr, None) for attr, name in OPTION_ATTRIBUTES.items()}
+    options = {name: getattr(task, name, None) for name in TASK_OPTIONS}
     try:
         return app_settings.with_options(**options)
     except (ValueError, TypeError) as exc:

@@ -45,7 +45,7 @@ celery_beetle.install(app)
     name="shop.charge",
     attempts=4,
     exceptions=3,
-    delay=2,
+    retry_delay=2,
     max_delay=60,
     retry_on=(ConnectionError,),
 )

@@ -29,7 +29,7 @@ FAST = {
     "connect_timeout": 1.0,
 }
 #: a short lease, so that a task of a killed worker is taken over quickly
-TASK_OPTIONS = {"timeout": 4, "attempts": 5, "exceptions": 4, "delay": 0.2, "max_delay": 1}
+TASK_OPTIONS = {"timeout": 4, "attempts": 5, "exceptions": 4, "retry_delay": 0.2, "max_delay": 1}
 
 
 @dataclass

@@ -32,7 +32,7 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "timeout": 10,
     "attempts": 3,
     "exceptions": 2,
-    "delay": 0.5,
+    "retry_delay": 0.5,
     "max_delay": 2,
 }
 

@@ -28,7 +28,7 @@ def _starts(worker, item: int) -> list[float]:
 def test_retries_back_off_and_stop_at_attempts_then_dead_letter(
     brokers, redis_url, client, eo_worker
 ):
-    options = {"attempts": 3, "exceptions": 2, "delay": 0.6, "max_delay": 5}
+    options = {"attempts": 3, "exceptions": 2, "retry_delay": 0.6, "max_delay": 5}
     backend = _backend(redis_url)
     app = client(task_options=options, backend=backend)
     worker = eo_worker(task_options=options, backend=backend)
@@ -103,7 +103,7 @@ def test_time_limits_derived_from_the_lease_stop_a_run_before_its_lease_ends(
     brokers, client, eo_worker
 ):
     # lease 2 s: soft limit 1 s, hard 1.5 s; the body wants 5 s, so every run is cut short
-    options = {"timeout": 2, "attempts": 2, "exceptions": 1, "delay": 0.5}
+    options = {"timeout": 2, "attempts": 2, "exceptions": 1, "retry_delay": 0.5}
     app = client(task_options=options)
     worker = eo_worker(task_options=options, pool="prefork", concurrency=1)
     app.tasks["eo.record"].delay(9, 5)

@@ -38,7 +38,7 @@ def test_from_app_reads_the_url_trace_dir_and_app_wide_defaults():
         beetle_default_timeout=30,
         beetle_default_attempts=4,
         beetle_default_exceptions=2,
-        beetle_default_delay=1.5,
+        beetle_default_retry_delay=1.5,
         beetle_default_max_delay=60,
         beetle_default_retry_on=["builtins.OSError"],
     )
@@ -121,40 +121,57 @@ def test_settings_are_frozen():
         BeetleSettings(URL).attempts = 3  # type: ignore[misc]
 
 
-def test_task_options_override_the_defaults_and_none_keeps_them():
-    class Task:
-        name = "tasks.charge"
-        timeout = 20
-        attempts = 5
-        exceptions = 3
-        max_delay = None
-        retry_on = (OSError,)
-
-        def delay(self, *args: object) -> None:
-            """Celery's Task.delay(): a method, never a retry delay."""
-
-    settings = BeetleSettings(URL).for_task(Task())
-    assert settings.limits == Limits(20_000, 5, 3, 10_000, 600_000)
-    assert settings.retry_on_classes == (OSError,)
-
-
-def test_a_task_with_contradictory_options_is_named_in_the_error():
-    class Task:
-        name = "tasks.charge"
-        exceptions = 2
-
-    with pytest.raises(ValueError, match=r"tasks\.charge.*exceptions=2"):
-        BeetleSettings(URL).for_task(Task())
-
-
 def test_with_options_refuses_an_unknown_option():
     with pytest.raises(TypeError, match="unknown beetle task option"):
         BeetleSettings(URL).with_options(timeout_s=3)
 
 
 def test_with_options_takes_the_task_option_names():
-    settings = BeetleSettings(URL).with_options(delay=2, max_delay=8, attempts=2, exceptions=1)
+    settings = BeetleSettings(URL).with_options(
+        retry_delay=2, max_delay=8, attempts=2, exceptions=1
+    )
     assert settings.limits == Limits(300_000, 2, 1, 2_000, 8_000)
+
+
+def test_with_options_takes_the_deprecated_delay_for_retry_delay_with_a_warning():
+    with pytest.warns(DeprecationWarning, match="use 'retry_delay'"):
+        settings = BeetleSettings(URL).with_options(delay=2, max_delay=8)
+    assert settings.delay_s == 2
+
+
+def test_with_options_refuses_delay_and_retry_delay_that_disagree():
+    with (
+        pytest.warns(DeprecationWarning),
+        pytest.raises(ValueError, match="set only 'retry_delay'"),
+    ):
+        BeetleSettings(URL).with_options(delay=2, retry_delay=3)
+
+
+def test_the_deprecated_app_setting_beetle_default_delay_still_works_with_a_warning():
+    app = make_app(beetle_redis_url=URL, beetle_default_delay=4)
+    with pytest.warns(DeprecationWarning, match="use 'beetle_default_retry_delay'"):
+        settings = BeetleSettings.from_app(app)
+    assert settings.delay_s == 4
+
+
+def test_the_old_and_new_app_delay_settings_may_agree_but_not_disagree():
+    agreeing = make_app(beetle_redis_url=URL, beetle_default_delay=4, beetle_default_retry_delay=4)
+    with pytest.warns(DeprecationWarning):
+        assert BeetleSettings.from_app(agreeing).delay_s == 4
+    disagreeing = make_app(
+        beetle_redis_url=URL, beetle_default_delay=4, beetle_default_retry_delay=5
+    )
+    with (
+        pytest.warns(DeprecationWarning),
+        pytest.raises(ValueError, match="set only 'beetle_default_retry_delay'"),
+    ):
+        BeetleSettings.from_app(disagreeing)
+
+
+def test_the_new_app_setting_beetle_default_retry_delay_does_not_warn(recwarn):
+    settings = BeetleSettings.from_app(make_app(beetle_redis_url=URL, beetle_default_retry_delay=3))
+    assert settings.delay_s == 3
+    assert not [w for w in recwarn if issubclass(w.category, DeprecationWarning)]
 
 
 # The store URL (celery_beetle.store.parse_store_url), checked when settings are built

@@ -13,30 +13,60 @@ from celery_beetle import BeetleTask
 from celery_beetle.bootstep import BeetleGateStep, load_settings
 from celery_beetle.outcome import Failure, GiveUpReason, Limits
 from celery_beetle.run import _applied_failure
+from celery_beetle.settings import BeetleSettings
 from celery_beetle.state import State, Status
-from celery_beetle.task import is_beetle_task, message_id_for, time_limits_for
+from celery_beetle.task import is_beetle_task, message_id_for, resolve_settings, time_limits_for
+
+URL = "redis://localhost:6379/0"
 
 
 def make_app(**conf: Any) -> Celery:
     app = Celery("options", broker="memory://", set_as_current=False)
-    app.conf.beetle_redis_url = "redis://localhost:6379/0"
+    app.conf.beetle_redis_url = URL
     app.conf.update(conf)
     return celery_beetle.install(app)
 
 
-def test_delay_option_is_kept_as_retry_delay_and_task_delay_still_works():
+def test_retry_delay_option_sets_the_delay_and_task_delay_stays_a_method(recwarn):
+    app = make_app()
+
+    @app.task(base=BeetleTask, retry_delay=3, shared=False)
+    def job() -> None: ...
+
+    assert job.beetle_settings.delay_s == 3
+    assert callable(job.delay)
+    assert not [w for w in recwarn if issubclass(w.category, DeprecationWarning)]
+
+
+def test_deprecated_delay_option_warns_and_is_kept_as_retry_delay_and_task_delay_still_works():
     app = make_app()
 
     @app.task(base=BeetleTask, delay=3, shared=False)
     def job() -> None: ...
 
-    assert job.retry_delay == 3
+    with pytest.warns(DeprecationWarning, match="use 'retry_delay'"):
+        assert job.retry_delay == 3
     assert callable(job.delay)
     assert job.beetle_settings.delay_s == 3
 
 
+def test_a_task_given_delay_and_a_different_retry_delay_is_refused_naming_it():
+    app = make_app()
+
+    @app.task(base=BeetleTask, name="shop.charge", delay=3, retry_delay=4, shared=False)
+    def job() -> None: ...
+
+    with (
+        pytest.warns(DeprecationWarning),
+        pytest.raises(ValueError, match=r"shop\.charge.*set only 'retry_delay'"),
+    ):
+        job.retry_delay  # noqa: B018 - the task class is built on first use
+
+
 def test_task_options_override_the_app_wide_defaults():
-    app = make_app(beetle_default_attempts=5, beetle_default_exceptions=4, beetle_default_delay=7)
+    app = make_app(
+        beetle_default_attempts=5, beetle_default_exceptions=4, beetle_default_retry_delay=7
+    )
 
     @app.task(base=BeetleTask, attempts=2, exceptions=1, timeout=30, shared=False)
     def job() -> None: ...
@@ -55,6 +85,33 @@ def test_app_wide_defaults_apply_to_tasks_without_options():
     assert job.beetle_settings.lease_timeout_s == 42
     assert job.beetle_settings.is_retryable(ValueError())
     assert not job.beetle_settings.is_retryable(KeyError())
+
+
+def test_resolve_settings_reads_the_task_attributes_and_none_keeps_the_default():
+    class Task:
+        name = "tasks.charge"
+        timeout = 20
+        attempts = 5
+        exceptions = 3
+        retry_delay = None
+        max_delay = None
+        retry_on = (OSError,)
+
+        def delay(self, *args: object) -> None:
+            """Celery's Task.delay(): a method, never a retry delay."""
+
+    settings = resolve_settings(Task(), BeetleSettings(URL))
+    assert settings.limits == Limits(20_000, 5, 3, 10_000, 600_000)
+    assert settings.retry_on_classes == (OSError,)
+
+
+def test_resolve_settings_names_a_task_with_contradictory_options():
+    class Task:
+        name = "tasks.charge"
+        exceptions = 2
+
+    with pytest.raises(ValueError, match=r"tasks\.charge.*exceptions=2"):
+        resolve_settings(Task(), BeetleSettings(URL))
 
 
 def test_contradictory_task_options_fail_at_worker_start_naming_the_task():

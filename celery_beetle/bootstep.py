@@ -13,7 +13,6 @@ reason, and derives each BeetleTask's time limits from its lease.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import socket
@@ -21,22 +20,23 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import bootsteps
-from celery.exceptions import ImproperlyConfigured, InvalidTaskError
-from celery.worker.request import Request
+from celery.exceptions import ImproperlyConfigured, InvalidTaskError, NotRegistered
+from celery.utils.objects import Bunch
 from kombu.exceptions import ContentDisallowed, DecodeError
 
 from celery_beetle.deadletter import dead_letter_headers, publish_dead_letter
-from celery_beetle.facts import COMPLETED_MARK, FACTS_HEADER, message_facts
-from celery_beetle.gate import BadInput, DeliveryGate
+from celery_beetle.facts import FACTS_HEADER, HANDBACK_MARK, InvalidHeader, message_facts
+from celery_beetle.gate import DeliveryGate
 from celery_beetle.gate_reads import pipelined_reads_for
-from celery_beetle.redis_health import STORE_ERRORS, RedisProbe
+from celery_beetle.outcome import Rejected
+from celery_beetle.redis_health import RedisProbe, store_unavailable
 from celery_beetle.retry_queue import RawMessage
 from celery_beetle.settings import BeetleSettings
 from celery_beetle.store import RedisStore, wall_clock_ms
 from celery_beetle.task import is_beetle_task
 from kombu_beetle.trace import get_tracer
 
-__all__ = ["BeetleGateStep", "BeetleRequest", "load_settings"]
+__all__ = ["BeetleGateStep", "load_settings"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +70,8 @@ class BeetleGateStep(bootsteps.StartStopStep):
         self.probe: RedisProbe | None = None
         self.gate: DeliveryGate | None = None
         self.queue_names: dict[str, str] = {}
+        #: the gate's id in the store (a bad input's dead letter is owed by it)
+        self.owner = f"gate@{getattr(c, 'hostname', None) or socket.gethostname()}:{os.getpid()}"
         c.beetle_gate = self
 
     def start(self, c: Any) -> None:
@@ -118,7 +120,7 @@ class BeetleGateStep(bootsteps.StartStopStep):
             socket_timeout=GATE_SOCKET_TIMEOUT_S,
             socket_connect_timeout=GATE_SOCKET_TIMEOUT_S,
         )
-        self.probe = RedisProbe(settings.redis_url)
+        self.probe = RedisProbe(settings.redis_url, key=f"{settings.key_prefix}probe:{self.owner}")
 
         def call_later(seconds: float, fn: Callable[[], None]) -> Any:
             if seconds <= 0 and getattr(c, "hub", None) is not None:
@@ -138,6 +140,9 @@ class BeetleGateStep(bootsteps.StartStopStep):
             message_ttl_ms=settings.message_ttl_ms,
             worker=getattr(c, "hostname", None),
             reads=pipelined_reads_for(self.store, getattr(c, "hub", None), GATE_SOCKET_TIMEOUT_S),
+            max_deferred=settings.max_deferred,
+            max_deferred_bytes=settings.max_deferred_bytes,
+            unknown_task_grace_ms=round(settings.unknown_task_grace_s * 1000),
         )
 
     def queue_of(self, c: Any, message: Any) -> str:
@@ -152,93 +157,69 @@ class BeetleGateStep(bootsteps.StartStopStep):
             queue = self.queue_names.get(tag)
         return queue or info.get("routing_key") or "celery"
 
-    def dead_letter_once(self, c: Any, message: Any, queue: str, reason: str, detail: str) -> None:
+    def dead_letter_once(
+        self, c: Any, message: Any, queue: str, reason: str, detail: str
+    ) -> float | None:
         """Dead-letter bad input once per message, not once per copy: every copy of a
         redundant message is equally bad, so the store lets the first one through
-        (:meth:`~celery_beetle.store.Store.reject`) and the others are only acked. Without
-        a ``message_id``, or with Redis down, every copy is dead-lettered: two dead letters
-        are better than none."""
+        (:meth:`~celery_beetle.store.Store.reject`) and the others are only acked.
+
+        Returns None when the message may be acked, or seconds after which to hand it back
+        (another worker is publishing its dead letter). Raises when the dead letter is not
+        stored: the gate hands the message back, and the record keeps it owed. Without a
+        usable ``message_id``, or with Redis unavailable, every copy is dead-lettered: two
+        dead letters are better than none."""
         message_id = (message.properties or {}).get("message_id")
-        store = self.store
+        store, facts = self.store, None
         if message_id and store is not None:
-            facts = message_facts(
-                queue,
-                str(message_id),
-                message.headers,
-                self.settings.message_ttl_ms,
-                wall_clock_ms(),
-            )
             try:
-                if not store.reject(facts):
+                facts = message_facts(
+                    queue,
+                    message_id,
+                    message.headers,
+                    self.settings.message_ttl_ms,
+                    wall_clock_ms(),
+                )
+                decision = store.reject(facts, reason, self.owner)
+            except InvalidHeader:
+                facts = None
+            except Exception as exc:
+                if not store_unavailable(exc):
+                    raise
+                logger.warning("beetle: cannot tell if %s was dead-lettered (%r)", message_id, exc)
+                facts = None
+            else:
+                if decision.outcome is Rejected.DONE:
                     logger.warning(
-                        "beetle: %s on queue %r (%s): another copy was dead-lettered already",
-                        message_id,
+                        "beetle: %s on queue %r (%s): dead-lettered already",
+                        str(message_id)[:100],
                         queue,
                         reason,
                     )
-                    return
-            except STORE_ERRORS as exc:
-                logger.warning("beetle: cannot tell if %s was dead-lettered (%r)", message_id, exc)
-                store = None
-        try:
-            dead_letter_delivery(c.app, message, queue, reason, detail)
-        except Exception:
-            if store is not None:  # let another copy try
-                with contextlib.suppress(*STORE_ERRORS):
-                    store.forget(queue, str(message_id))
-            raise
+                    return None
+                if decision.outcome is Rejected.WAIT:
+                    return decision.delay_ms / 1000
+        dead_letter_delivery(c.app, message, queue, reason, detail)
+        if facts is not None and store is not None:
+            try:
+                store.dead_lettered(facts)
+            except Exception as exc:  # stored on the broker: at worst a second dead letter
+                logger.warning("beetle: cannot mark %s dead-lettered (%r)", message_id, exc)
+        return None
 
     def _unknown_task_handler(
         self, c: Any, original: Callable[[Any, Any, Any], None]
     ) -> Callable[[Any, Any, Any], None]:
         def on_unknown_task(body: Any, message: Any, exc: Any) -> None:
-            try:
-                queue = self.queue_of(c, message)
-                self.dead_letter_once(c, message, queue, BadInput.UNKNOWN_TASK.value, repr(exc))
-            except Exception as pub_exc:
-                logger.error("beetle: could not dead-letter an unknown task: %r", pub_exc)
-            original(body, message, exc)
+            gate = self.gate
+            if gate is None:
+                original(body, message, exc)
+                return
+            name = (message.headers or {}).get("task") or "?"
+            if gate.unknown_task(message, str(name), repr(exc)) == "bad_input":
+                _record_unknown_task(c.app, message, str(name))
 
         return on_unknown_task
-
-
-class BeetleRequest(Request):
-    """Celery's request, telling the gate when a run completed (BeetleTask's ``Request``).
-
-    The gate holds the second copy of a message while the first runs on this worker. When
-    the first is acked after a successful run, the record is completed (the pool stored it
-    before returning), so the second copy can be dropped without reading Redis. Celery acks
-    through ``acknowledge()`` on every path; only success gets there without passing
-    ``on_failure``, ``on_retry``, a hard ``on_timeout`` or ``_announce_revoked``, which
-    mark the run as not completed. The mark goes into the gate's header of the delivery.
-    """
-
-    _beetle_not_completed = False
-
-    def on_failure(self, *args: Any, **kwargs: Any) -> Any:
-        self._beetle_not_completed = True
-        return super().on_failure(*args, **kwargs)
-
-    def on_retry(self, *args: Any, **kwargs: Any) -> Any:
-        self._beetle_not_completed = True
-        return super().on_retry(*args, **kwargs)
-
-    def on_timeout(self, soft: bool, timeout: float) -> Any:
-        if not soft:
-            self._beetle_not_completed = True
-        return super().on_timeout(soft, timeout)
-
-    def _announce_revoked(self, *args: Any, **kwargs: Any) -> Any:
-        self._beetle_not_completed = True
-        return super()._announce_revoked(*args, **kwargs)
-
-    def acknowledge(self) -> None:
-        # an early ack (acks_late turned off) comes before the run: it proves nothing
-        if not self.acknowledged and not self._beetle_not_completed and self.task.acks_late:
-            facts = (self.message.headers or {}).get(FACTS_HEADER)
-            if isinstance(facts, dict):
-                facts[COMPLETED_MARK] = True
-        super().acknowledge()
 
 
 def gated_strategy(strategy: Any, task_name: str, gate: DeliveryGate, consumer: Any) -> Any:
@@ -248,7 +229,7 @@ def gated_strategy(strategy: Any, task_name: str, gate: DeliveryGate, consumer: 
     def beetle_strategy(
         message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kwargs: Any
     ) -> None:
-        def start(done: Callable[[], None]) -> None:
+        def start(done: Callable[..., None]) -> None:
             def on_ack(*args: Any, **kw: Any) -> Any:
                 try:
                     return ack(*args, **kw)
@@ -256,6 +237,11 @@ def gated_strategy(strategy: Any, task_name: str, gate: DeliveryGate, consumer: 
                     done()
 
             def on_reject(*args: Any, **kw: Any) -> Any:
+                facts = (message.headers or {}).get(FACTS_HEADER)
+                mark = facts.pop(HANDBACK_MARK, None) if isinstance(facts, dict) else None
+                if isinstance(mark, dict):  # the pool handed it back: requeue after a backoff
+                    done(mark, lambda: reject(*args, **kw))
+                    return None
                 try:
                     return reject(*args, **kw)
                 finally:
@@ -269,6 +255,12 @@ def gated_strategy(strategy: Any, task_name: str, gate: DeliveryGate, consumer: 
             except DecodeError as exc:
                 done()
                 consumer.on_decode_error(message, exc)
+            except Exception:
+                # Celery's strategy failed on something nobody foresaw: never out of the
+                # consumer (it would restart, or the worker exit); the message goes back
+                logger.exception("beetle: starting %s failed; handing it back", task_name)
+                done()
+                gate.hand_back(message)
 
         gate.handle(message, task_name, start)
 
@@ -285,3 +277,24 @@ def dead_letter_delivery(app: Any, message: Any, queue: str, reason: str, detail
     )
     with app.producer_or_acquire() as producer:
         publish_dead_letter(producer, raw, queue, headers)
+
+
+def _record_unknown_task(app: Any, message: Any, name: str) -> None:
+    """What Celery records for an unknown task, once it is dead-lettered: a FAILURE in the
+    result backend (best effort: the dead letter is what counts)."""
+    headers = message.headers or {}
+    task_id = headers.get("id")
+    if not task_id:
+        return
+    request = Bunch(
+        name=name,
+        chord=None,
+        root_id=headers.get("root_id"),
+        correlation_id=(message.properties or {}).get("correlation_id"),
+        reply_to=(message.properties or {}).get("reply_to"),
+        errbacks=None,
+    )
+    try:
+        app.backend.mark_as_failure(task_id, NotRegistered(name), request=request)
+    except Exception as exc:
+        logger.debug("beetle: cannot record unknown task %s: %r", task_id, exc)

@@ -36,7 +36,7 @@ MAX_MESSAGE_LIFE_MS = 366 * 86_400_000
 #: Header the gate adds to a delivery for the pool: ``{"queue", "message_id", "expires_at_ms"}``.
 #: It is stripped again before a message is republished (retry, dead letter).
 FACTS_HEADER = "beetle_facts"
-#: Set in that header by :class:`~celery_beetle.bootstep.BeetleRequest` when the run
+#: Set in that header by :class:`~celery_beetle.task.BeetleRequest` when the run
 #: completed, so the gate can drop the other copy without asking Redis.
 COMPLETED_MARK = "completed"
 #: Set there by the request when the pool handed the delivery back (``{"delay_s", "store"}``),

@@ -11,7 +11,7 @@ nothing, a lease   **run**: hand the delivery to the task's strategy; the pool c
 that ran out, or
 a retry now due
 completed, failed  **duplicate**: ack and drop. A message seen completed (read, or run here:
-                   :class:`~celery_beetle.bootstep.BeetleRequest` marks a successful run)
+                   :class:`~celery_beetle.task.BeetleRequest` marks a successful run)
                    is remembered for a minute, so its other copy is dropped without a read
 running (a live    **defer**: keep the delivery unacked, raise the prefetch window by one
 lease) or delayed  (as Celery does for ETA tasks) and look again on a timer when the lease
@@ -24,14 +24,27 @@ here               been acked yet; no Redis read. When that run completes, the w
                    redundant pair cost 3 round trips (read, claim, complete) and no pool
                    slot for the second copy, though both copies arrive almost together
 expired            **expired**: ack and drop, without asking Redis
-Redis unreachable  **park**: keep the delivery unacked and unprocessed, and stop asking
-                   Redis: every later delivery is parked too. Parked deliveries do not
-                   widen the prefetch window, so the brokers stop sending once it is full,
-                   which is how the worker "stops taking messages". A probe runs on a timer;
-                   when Redis answers, every parked delivery goes through the gate again
-bad input          **dead-letter** (no ``message_id``, a body that does not decode): publish
-                   it to ``<queue>.dead`` with the reason, ack, log
+Redis unavailable  **park**: keep the delivery unacked and unprocessed, and stop asking
+(unreachable, or   Redis: every later delivery is parked too. Parked deliveries do not
+refusing writes)   widen the prefetch window, so the brokers stop sending once it is full,
+                   which is how the worker "stops taking messages". A probe (a write) runs
+                   on a timer; when Redis takes it, every parked delivery goes through the
+                   gate again
+bad input          **dead-letter** (no ``message_id``, a body that does not decode, a
+                   header no publisher of this project writes): publish it to
+                   ``<queue>.dead`` with the reason, then ack; once per message
+an error nobody    **hand back**: log it in full, and requeue the delivery after a backoff
+foresaw            (0.5 s, doubling to 30 s per message). Never an ack
 =================  =====================================================================
+
+A message leaves its queue only once its outcome or its dead letter is stored: a dead letter
+that cannot be published, a pool run that could not claim (the pool's
+:class:`~celery_beetle.run.HandBack`) and an unknown task within its grace period (a rolling
+deploy: see :meth:`DeliveryGate.unknown_task`) are all handed back, never acked.
+
+Deferred copies are bounded (``max_deferred`` copies, ``max_deferred_bytes`` of bodies): past
+either bound a deferred copy no longer widens the prefetch window, so the brokers stop
+sending this worker new messages until deferred copies resolve.
 
 On Celery's event loop the read does not block the worker: the reads of one loop pass go to
 Redis as one batch and each delivery goes on from its reply (:mod:`celery_beetle.gate_reads`);
@@ -56,10 +69,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from celery_beetle.facts import COMPLETED_MARK, FACTS_HEADER, message_facts
+from celery_beetle.facts import COMPLETED_MARK, FACTS_HEADER, InvalidHeader, message_facts
 from celery_beetle.outcome import Gate as Verdict
 from celery_beetle.outcome import GateDecision, decide_gate
-from celery_beetle.redis_health import STORE_ERRORS
+from celery_beetle.redis_health import store_unavailable
 from celery_beetle.state import MessageFacts, State, Status
 from celery_beetle.store import Store, wall_clock_ms
 from kombu_beetle.trace import NullTracer
@@ -75,6 +88,14 @@ class BadInput(str, enum.Enum):
     NO_MESSAGE_ID = "no_message_id"
     UNDECODABLE = "undecodable"
     UNKNOWN_TASK = "unknown_task"
+    INVALID_HEADER = "invalid_header"
+
+
+#: ``dead_letter(message, queue, reason, detail)`` answers None when the message may be
+#: acked (its dead letter is stored, now or by another copy), or seconds after which to
+#: hand it back (another copy's worker is on it); it raises when the dead letter is not
+#: stored.
+DeadLetter = Callable[[Any, str, str, str], float | None]
 
 
 class QoSLike(Protocol):
@@ -94,6 +115,7 @@ class Delivery:
     generation: int
     qos: QoSLike | None = None  # the QoS whose window it widened while deferred
     rechecks: int = 0
+    size: int = 0  # body bytes, counted against max_deferred_bytes while deferred
 
     @property
     def key(self) -> tuple[str, str]:
@@ -108,7 +130,7 @@ class DeliveryGate:
     - ``call_later(seconds, fn)``: a timer on the event loop (0 = soon).
     - ``qos()``: the consumer's prefetch QoS now (it changes when the consumer restarts).
     - ``dead_letter(message, queue, reason, detail)``: publish a bad delivery to its
-      dead-letter queue (the caller acks it after).
+      dead-letter queue once per message (see :data:`DeadLetter`); the gate acks it after.
     - ``queue_of(message)``: the queue a delivery was consumed from.
     - ``probe()``: True once Redis answers again (used while paused).
     """
@@ -116,7 +138,7 @@ class DeliveryGate:
     store: Store
     call_later: Callable[[float, Callable[[], None]], Any]
     qos: Callable[[], QoSLike | None]
-    dead_letter: Callable[[Any, str, str, str], None]
+    dead_letter: DeadLetter
     queue_of: Callable[[Any], str]
     probe: Callable[[], bool]
     tracer: Any = field(default_factory=NullTracer)
@@ -136,6 +158,13 @@ class DeliveryGate:
     #: pipelined reads on the event loop (:mod:`celery_beetle.gate_reads`); None: read
     #: synchronously through ``store.gate``
     reads: Any = None
+    #: past either bound, a deferred copy no longer widens the prefetch window
+    max_deferred: int = 1_000
+    max_deferred_bytes: int = 64 * 1024 * 1024
+    #: an unknown task is handed back for this long after a worker first saw it
+    unknown_task_grace_ms: int = 600_000
+    #: hand-backs wait 0.5 s, doubling per message up to this
+    handback_max_s: float = 30.0
 
     def __post_init__(self) -> None:
         self.generation = 0
@@ -143,33 +172,54 @@ class DeliveryGate:
         self._waiting: dict[tuple[str, str], list[Delivery]] = {}
         self._parked: list[Delivery] = []
         self._completed: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._handbacks: OrderedDict[Any, int] = OrderedDict()
+        #: claims the pool could not confirm: released by their owner once Redis answers
+        self._to_release: list[tuple[MessageFacts, str]] = []
+        self.deferred = 0
+        self.deferred_bytes = 0
 
     # -- entry point -----------------------------------------------------------------------
 
-    def handle(
-        self, message: Any, task_name: str, start: Callable[[Callable[[], None]], None]
-    ) -> str:
-        """Gate one delivery. ``start(done)`` hands it to Celery; ``done()`` must be called
-        when its ack or reject happens. Returns what was done, for tests and logs."""
+    def handle(self, message: Any, task_name: str, start: Callable[..., None]) -> str:
+        """Gate one delivery. ``start(done)`` hands it to Celery and never raises;
+        ``done()`` must be called when its ack or reject happens (``done(mark, reject)``
+        when the pool handed it back: see :meth:`_pool_handed_back`). Returns what was
+        done, for tests and logs. Nothing raises out of here: an error nobody foresaw
+        hands the delivery back."""
         self.stats["delivered"] += 1
+        try:
+            return self._handle(message, task_name, start)
+        except Exception:
+            logger.exception("beetle: the gate failed on a %s delivery; handing it back", task_name)
+            self.stats["errors"] += 1
+            return self._hand_back(message, None)
+
+    def _handle(self, message: Any, task_name: str, start: Callable[..., None]) -> str:
         queue = self.queue_of(message)
         properties = message.properties or {}
         headers = message.headers if message.headers is not None else {}
         message_id = properties.get("message_id")
-        self._trace("delivered", message_id or "", queue, task_name, message)
+        self._trace("delivered", str(message_id or "")[:200], queue, task_name, message)
         if not message_id:
             return self._bad_input(message, queue, task_name, BadInput.NO_MESSAGE_ID.value, "")
+        try:
+            facts = message_facts(queue, message_id, headers, self.message_ttl_ms, self.clock())
+        except InvalidHeader as exc:
+            return self._bad_input(
+                message, queue, task_name, BadInput.INVALID_HEADER.value, str(exc)
+            )
         try:
             message.payload  # noqa: B018 (decodes once; Celery reuses the cached result)
         except Exception as exc:
             return self._bad_input(message, queue, task_name, BadInput.UNDECODABLE.value, repr(exc))
-        facts = message_facts(queue, str(message_id), headers, self.message_ttl_ms, self.clock())
         headers[FACTS_HEADER] = {
             "queue": facts.queue,
             "message_id": facts.message_id,
             "expires_at_ms": facts.expires_at_ms,
         }
-        delivery = Delivery(message, task_name, facts, start, self.generation)
+        body = getattr(message, "body", b"")
+        size = len(body) if isinstance(body, (bytes, str)) else 0
+        delivery = Delivery(message, task_name, facts, start, self.generation, size=size)
         if facts.expires_at_ms <= self.clock():
             return self._drop(delivery, "expired")
         return self._examine(delivery)
@@ -183,6 +233,7 @@ class DeliveryGate:
         self._in_flight.clear()
         self._waiting.clear()
         self._parked.clear()
+        self.deferred = self.deferred_bytes = 0
 
     @property
     def held(self) -> int:
@@ -207,12 +258,27 @@ class DeliveryGate:
             return self._read(d)
         try:
             decision = self.store.gate(d.facts)
-        except STORE_ERRORS as exc:
+        except Exception as exc:
+            return self._trouble(d, exc)
+        return self._decide(d, decision)
+
+    def _trouble(self, d: Delivery, exc: BaseException) -> str:
+        """Reading ``d``'s record failed: park it and pause if the store is unavailable;
+        otherwise (a bug, a record nobody can read) hand it back, logged in full."""
+        if store_unavailable(exc):
             self._pause(exc)
             self._parked.append(d)
             self.stats["parked"] += 1
             return "parked"
-        return self._decide(d, decision)
+        logger.error(
+            "beetle: cannot gate %s (%s, %s); handing it back",
+            d.task_name,
+            d.facts.queue,
+            d.facts.message_id[:100],
+            exc_info=exc,
+        )
+        self.stats["errors"] += 1
+        return self._hand_back(d.message, d.key)
 
     def _read(self, d: Delivery) -> str:
         """Ask Redis without waiting (:mod:`celery_beetle.gate_reads`); the delivery goes on
@@ -229,11 +295,13 @@ class DeliveryGate:
             self._in_flight.discard(key)
             waiters = self._waiting.pop(key, [])
             if exc is not None:
-                self._pause(exc)
-                self._parked.extend([d, *waiters])
-                self.stats["parked"] += 1 + len(waiters)
+                for delivery in (d, *waiters):
+                    self._trouble(delivery, exc)
                 return
-            self._decide(d, decide_gate(state, d.facts, self.clock()))
+            try:
+                self._decide(d, decide_gate(state, d.facts, self.clock()))
+            except Exception as error:
+                self._trouble(d, error)
             if not waiters:
                 return
             if key in self._in_flight:  # it went to the pool: they wait for its run
@@ -262,20 +330,48 @@ class DeliveryGate:
         self.stats["run"] += 1
         finished = False
 
-        def done() -> None:
+        def done(
+            mark: dict[str, Any] | None = None, reject: Callable[[], Any] | None = None
+        ) -> None:
             nonlocal finished
-            if not finished:
-                finished = True
-                facts = (d.message.headers or {}).get(FACTS_HEADER)
-                completed = isinstance(facts, dict) and bool(facts.get(COMPLETED_MARK))
-                self._finished(key, d.generation, completed)
+            if finished:
+                return
+            if mark is not None and reject is not None:
+                self._pool_handed_back(d, mark, reject, done)
+                return
+            finished = True
+            facts = (d.message.headers or {}).get(FACTS_HEADER)
+            completed = isinstance(facts, dict) and bool(facts.get(COMPLETED_MARK))
+            self._finished(key, d.generation, completed)
 
-        try:
-            d.start(done)
-        except BaseException:
-            done()
-            raise
+        d.start(done)
         return "run"
+
+    def _pool_handed_back(
+        self,
+        d: Delivery,
+        mark: dict[str, Any],
+        reject: Callable[[], Any],
+        done: Callable[[], None],
+    ) -> None:
+        """The pool could not take ``d`` (:class:`~celery_beetle.run.HandBack`): requeue it
+        after a backoff instead of at once. If the store was unavailable, pause, and release
+        the claim the pool sent without an answer once Redis answers again."""
+        if mark.get("store"):
+            self._pause(RuntimeError(str(mark.get("reason") or "the pool's claim failed")))
+        owner = mark.get("owner")
+        if owner:
+            self._to_release.append((d.facts, str(owner)))
+        delay = max(float(mark.get("delay_s") or 0), self._backoff(d.key))
+        self.stats["handed_back"] += 1
+
+        def requeue() -> None:
+            try:
+                reject()
+            finally:
+                done()
+
+        self.call_later(delay, requeue)
 
     def _finished(self, key: tuple[str, str], generation: int, completed: bool) -> None:
         if generation != self.generation:
@@ -317,6 +413,28 @@ class DeliveryGate:
             if d.generation == self.generation:
                 self._examine(d)
 
+    def _backoff(self, key: Any) -> float:
+        """Seconds before handing ``key`` back: 0.5, doubling per hand-back, capped."""
+        if key is None:
+            return 1.0
+        count = self._handbacks.pop(key, 0)
+        self._handbacks[key] = count + 1
+        while len(self._handbacks) > self.completed_memory_size:
+            self._handbacks.popitem(last=False)
+        return float(min(0.5 * 2 ** min(count, 16), self.handback_max_s))
+
+    def hand_back(self, message: Any) -> str:
+        """Requeue a delivery after a backoff (for a caller whose step failed)."""
+        return self._hand_back(message, None)
+
+    def _hand_back(self, message: Any, key: Any, delay_s: float | None = None) -> str:
+        """Requeue ``message`` after a backoff: never acked, never dropped. Until then it
+        holds its prefetch slot, so a worker with nothing but trouble takes nothing new."""
+        self.stats["handed_back"] += 1
+        delay = self._backoff(key) if delay_s is None else max(delay_s, 0.1)
+        self.call_later(delay, lambda: _requeue(message))
+        return "handed_back"
+
     def _drop(self, d: Delivery, event: str, status: Any = None) -> str:
         self.stats[event] += 1
         detail = {"status": status.value} if status is not None else None
@@ -330,10 +448,17 @@ class DeliveryGate:
         0.5 s, 1 s, 2 s, ... (not later than the lease's end): its ack, and the memory
         and prefetch slot it holds, need not wait for a lease sized for the worst case."""
         self.stats["deferred"] += 1
+        self.deferred += 1
+        self.deferred_bytes += d.size
         qos = self.qos()
-        if qos is not None:
+        within = (
+            self.deferred <= self.max_deferred and self.deferred_bytes <= self.max_deferred_bytes
+        )
+        if qos is not None and within:
             qos.increment_eventually()
             d.qos = qos
+        elif qos is not None:
+            self.stats["deferred_past_bound"] += 1
         wait_s = max(delay_ms, 0) / 1000
         if running:
             wait_s = min(wait_s, self.recheck_min_s * 2**d.rechecks)
@@ -347,6 +472,8 @@ class DeliveryGate:
     def _recheck(self, d: Delivery) -> None:
         if d.generation != self.generation:
             return
+        self.deferred -= 1
+        self.deferred_bytes -= d.size
         if d.qos is not None:
             d.qos.decrement_eventually()
             d.qos = None
@@ -373,7 +500,7 @@ class DeliveryGate:
     def _probe_tick(self) -> None:
         if not self.paused:
             return
-        if not self.probe():
+        if not self.probe() or not self._release_unconfirmed_claims():
             self.call_later(self.probe_interval_s, self._probe_tick)
             return
         self.paused = False
@@ -383,24 +510,96 @@ class DeliveryGate:
             if d.generation == self.generation:
                 self._examine(d)
 
-    # -- bad input ---------------------------------------------------------------------------
+    def _release_unconfirmed_claims(self) -> bool:
+        """Release the claims the pool sent without getting an answer (their owner never
+        ran the body); True once none is left."""
+        while self._to_release:
+            facts, owner = self._to_release[0]
+            try:
+                self.store.release(facts, 0, owner)
+            except Exception as exc:
+                logger.debug("beetle: cannot release %s's claim yet: %r", owner, exc)
+                return False
+            self._to_release.pop(0)
+        return True
+
+    # -- bad input and unknown tasks ---------------------------------------------------------
 
     def _bad_input(self, message: Any, queue: str, task_name: str, reason: str, detail: str) -> str:
+        """Dead-letter ``message`` once per message, then ack it; if its dead letter is not
+        stored (the broker refused it, Redis is down), hand it back instead."""
         self.stats["bad_input"] += 1
+        properties = {k: v for k, v in (message.properties or {}).items()}
+        properties.pop("application_headers", None)
+        shown = {k: (str(v)[:100] if isinstance(v, str) else v) for k, v in properties.items()}
         logger.error(
             "beetle: dead-lettering a %s message on queue %r (%s): %s %s",
             task_name,
             queue,
             reason,
-            detail,
-            {k: v for k, v in (message.properties or {}).items() if k != "application_headers"},
+            detail[:300],
+            shown,
         )
+        key = (queue, str((message.properties or {}).get("message_id") or id(message))[:200])
         try:
-            self.dead_letter(message, queue, reason, detail)
+            wait_s = self.dead_letter(message, queue, reason, detail)
         except Exception as exc:
-            logger.error("beetle: could not dead-letter the message (%r); dropping it", exc)
+            logger.error("beetle: could not dead-letter the message (%r); handing it back", exc)
+            return self._hand_back(message, key)
+        if wait_s is not None:  # another copy's worker is dead-lettering it
+            return self._hand_back(message, key, wait_s)
         _ack(message)
         return "bad_input"
+
+    def unknown_task(self, message: Any, task_name: str, detail: str) -> str:
+        """A task this worker does not know. During a rolling deploy an older worker sees
+        tasks only newer ones have: hand the message back, for a worker that knows it,
+        until ``unknown_task_grace_ms`` after a worker first saw it; then dead-letter it."""
+        self.stats["unknown_task"] += 1
+        try:
+            return self._unknown_task(message, task_name, detail)
+        except Exception:
+            logger.exception(
+                "beetle: the gate failed on unknown task %r; handing it back", task_name
+            )
+            return self._hand_back(message, None)
+
+    def _unknown_task(self, message: Any, task_name: str, detail: str) -> str:
+        queue = self.queue_of(message)
+        message_id = (message.properties or {}).get("message_id")
+        reason = BadInput.UNKNOWN_TASK.value
+        if not message_id:
+            return self._bad_input(message, queue, task_name, reason, detail)
+        headers = message.headers if message.headers is not None else {}
+        now = self.clock()
+        try:
+            facts = message_facts(queue, message_id, headers, self.message_ttl_ms, now)
+        except InvalidHeader as exc:
+            return self._bad_input(
+                message, queue, task_name, BadInput.INVALID_HEADER.value, str(exc)
+            )
+        if self.paused:
+            return self._hand_back(message, (queue, message_id))
+        try:
+            first = self.store.first_seen(facts, self.unknown_task_grace_ms + self.message_ttl_ms)
+        except Exception as exc:
+            if store_unavailable(exc):
+                self._pause(exc)
+            else:
+                logger.error("beetle: cannot tell when %s was first seen", message_id, exc_info=exc)
+            return self._hand_back(message, (queue, message_id))
+        waited = now - first
+        if waited >= self.unknown_task_grace_ms:
+            return self._bad_input(message, queue, task_name, reason, detail)
+        logger.warning(
+            "beetle: no task %r on this worker (an older version during a deploy?); handing "
+            "%s back for a worker that knows it (%.0f s of its %.0f s grace gone)",
+            task_name,
+            message_id[:100],
+            waited / 1000,
+            self.unknown_task_grace_ms / 1000,
+        )
+        return self._hand_back(message, (queue, message_id))
 
     def _trace(
         self,
@@ -433,6 +632,17 @@ def _ack(message: Any) -> None:
         message.ack()
     except Exception as exc:  # a dead broker's ack is lost; that broker redelivers
         logger.debug("beetle: ack failed: %r", exc)
+
+
+def _requeue(message: Any) -> None:
+    """Give ``message`` back to its broker; a dead broker's reject is lost, and that broker
+    delivers the message again anyway."""
+    if not _channel_open(message):
+        return
+    try:
+        message.reject(requeue=True)
+    except Exception as exc:
+        logger.debug("beetle: requeue failed: %r", exc)
 
 
 def _channel_open(message: Any) -> bool:

@@ -3,39 +3,101 @@
 :class:`Run` is what :meth:`BeetleTask.__call__` hands the body to. It costs two Redis round
 trips (the claim script before the body, the complete or fail script after) and tells
 Celery what to do with the delivery through Celery's own control-flow exceptions.
+
+No error of the store's may end with the delivery acked while its outcome is not stored:
+
+- the claim is retried for a few seconds under the same owner (so a claim whose reply was
+  lost is recognised as this run's own), then the delivery is handed back
+  (:class:`HandBack`): the gate requeues it after a backoff, pauses if the store is
+  unavailable, and releases the claim by its owner once Redis answers;
+- a completion or failure is retried until stored (:func:`~.redis_health.call_until_stored`);
+- a dead letter that cannot be published hands the delivery back; the record keeps it owed,
+  so another copy publishes it after the owner's lease.
+
+Where the pool cannot enforce time limits (solo, threads, gevent, eventlet: the body runs in
+the worker's main process), a :class:`~celery_beetle.lease.LeaseKeeper` extends the lease
+while the body runs, so a slow body is not run again beside itself.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 import time
 from typing import TYPE_CHECKING, Any
 
+from billiard.process import current_process
 from celery.exceptions import Ignore, Reject, Retry
 
 from celery_beetle.deadletter import dead_letter_headers, publish_dead_letter
 from celery_beetle.facts import FACTS_HEADER, facts_from_headers, message_facts
-from celery_beetle.outcome import Claim, Failure, FailureDecision, GiveUpReason, Limits
-from celery_beetle.redis_health import STORE_ERRORS, call_until_stored
+from celery_beetle.lease import LeaseKeeper
+from celery_beetle.outcome import Claim, Failure, GiveUpReason
+from celery_beetle.redis_health import call_until_stored, store_unavailable
 from celery_beetle.retry_queue import RawMessage, publish_delayed, raw_message_from_request
 from celery_beetle.settings import BeetleSettings
-from celery_beetle.state import MessageFacts, State, Status
+from celery_beetle.state import MAX_OWNER_LENGTH, MessageFacts
 from celery_beetle.store import RedisStore, wall_clock_ms
 from kombu_beetle.trace import get_tracer
 
 if TYPE_CHECKING:
     from celery_beetle.task import BeetleTask
 
-__all__ = ["AttemptsExhausted", "LeaseLost", "Run", "process_store", "request_facts"]
+__all__ = [
+    "AttemptsExhausted",
+    "DeadLettered",
+    "HandBack",
+    "LeaseLost",
+    "Run",
+    "process_store",
+    "request_facts",
+]
 
 logger = logging.getLogger(__name__)
 
+#: How long a claim is retried (same owner) before the delivery is handed back.
+CLAIM_RETRY_S = 3.0
 
-class AttemptsExhausted(Exception):
+
+class DeadLettered(Exception):
+    """The message gave up without this run (its dead letter was owed by a run that could
+    not publish it); it is dead-lettered now. The result backend records the failure."""
+
+
+class AttemptsExhausted(DeadLettered):
     """The message started ``attempts`` times (crashed runs included) and never completed;
     it was dead-lettered. The result backend records this as the task's failure."""
+
+
+class HandBack(Reject):
+    """Give the delivery back, unacked, for the gate to requeue after ``delay_s``.
+
+    ``store``: the store was unavailable (the gate pauses until it answers); ``owner``: a
+    claim sent under this owner may have been applied without its reply arriving (the gate
+    releases it by its owner once Redis answers). Raised in the pool, read in the main
+    process (:class:`~celery_beetle.task.BeetleRequest`), so it pickles its own arguments.
+    """
+
+    def __init__(
+        self, reason: str, delay_s: float = 1.0, store: bool = False, owner: str = ""
+    ) -> None:
+        super().__init__(reason, requeue=True)
+        self.delay_s = delay_s
+        self.store = store
+        self.owner = owner
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.reason, self.delay_s, self.store, self.owner))
+
+    def mark(self) -> dict[str, Any]:
+        return {
+            "reason": str(self.reason)[:300],
+            "delay_s": self.delay_s,
+            "store": self.store,
+            "owner": self.owner,
+        }
 
 
 class LeaseLost(Exception):
@@ -86,48 +148,72 @@ class Run:
         self.store = process_store(self.settings)
         self.tracer = get_tracer(self.settings.trace_dir, role="worker")
         host = getattr(request, "hostname", None) or socket.gethostname()
-        self.owner = f"{host}:{os.getpid()}"
+        self.worker = f"{host}:{os.getpid()}"
+        #: this run's own id in the store: a claim retried under it is recognised as ours
+        self.owner = f"{secrets.token_hex(4)}@{self.worker}"[:MAX_OWNER_LENGTH]
         facts_header = getattr(request, FACTS_HEADER, None) or {}
         self.broker = facts_header.get("broker") if isinstance(facts_header, dict) else None
         self.token = 0
+        self.lease_deadline_ms = 0
         self.attempt = 0
 
     def execute(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self._claim()
         self._trace("started")
         started = time.monotonic()
+        keeper = self._keep_lease()
         try:
             result = self.task.run(*args, **kwargs)
-        except (Retry, Ignore):
-            # the body's own control flow: a Celery retry() is a new message, already sent
-            self._complete(started)
+        except BaseException as exc:
+            if keeper is not None:
+                keeper.stop()
+            self._after_exception(exc, started)
             raise
-        except Reject as exc:
-            if exc.requeue:
-                call_until_stored(lambda _: self.store.release(self.facts, self.token), "a release")
-            else:
-                self._complete(started)
-            raise
-        except Exception as exc:
-            replacement = self._failed(exc)
-            if replacement is None:
-                raise
-            raise replacement from exc
+        if keeper is not None:
+            keeper.stop()
         if not self._complete(started):
             raise Ignore()
         return result
 
+    def _after_exception(self, exc: BaseException, started: float) -> None:
+        """Store what the body's exception means; raise a replacement where Celery must see
+        another control flow (returns when ``exc`` itself is the right one to raise)."""
+        if isinstance(exc, (Retry, Ignore)):
+            # the body's own control flow: a Celery retry() is a new message, already sent
+            self._complete(started)
+            return
+        if isinstance(exc, Reject):
+            if exc.requeue:
+                call_until_stored(lambda _: self.store.release(self.facts, self.token), "a release")
+            else:
+                self._complete(started)
+            return
+        if not isinstance(exc, Exception):
+            return  # SystemExit, a hard time limit: the lease runs out, the gate decides
+        replacement = self._failed(exc)
+        if replacement is not None:
+            raise replacement from exc
+
     # -- before ----------------------------------------------------------------------------
 
+    def _keep_lease(self) -> LeaseKeeper | None:
+        """A lease keeper where the pool cannot cut the body short (it runs in the worker's
+        main process: solo, threads, gevent, eventlet); prefork's time limit does it there."""
+        if current_process().name != "MainProcess":
+            return None
+        keeper = LeaseKeeper(
+            self.store, self.facts, self.token, self.limits.lease_timeout_ms,
+            lease_deadline_ms=self.lease_deadline_ms,
+        )  # fmt: skip
+        keeper.start()
+        return keeper
+
     def _claim(self) -> None:
-        try:
-            claim = self.store.claim(self.facts, self.limits, self.owner)
-        except STORE_ERRORS as exc:
-            logger.warning("beetle: cannot claim %s (%r); handing it back", self._name(), exc)
-            raise Reject(f"dedup store unreachable: {exc!r}", requeue=True) from exc
+        claim = self._send_claim()
         outcome = claim.outcome
         if outcome is Claim.ACQUIRED:
             self.token, self.attempt = claim.token, claim.attempt
+            self.lease_deadline_ms = claim.lease_deadline_ms
             return
         if outcome is Claim.ALREADY_DONE:
             self._trace("duplicate", status=claim.status.value if claim.status else None)
@@ -139,13 +225,45 @@ class Run:
             # another worker claimed it since the gate looked: hand the copy back, the gate
             # defers it until that lease ends or the retry is due
             raise Reject(f"{outcome.value} for {claim.delay_ms} ms", requeue=True)
+        # DEAD_LETTER: it will not run; this run publishes its dead letter
         self.attempt = claim.attempt
-        exhausted = AttemptsExhausted(
-            f"{self._name()} started {claim.attempt} time(s) without completing "
-            f"(attempts={self.limits.attempts}); dead-lettered"
-        )
-        self._dead_letter(GiveUpReason.ATTEMPTS_LIMIT.value, exhausted, claim.attempt, None)
-        raise exhausted
+        reason = claim.reason or GiveUpReason.ATTEMPTS_LIMIT.value
+        given_up: DeadLettered
+        if reason == GiveUpReason.ATTEMPTS_LIMIT.value:
+            given_up = AttemptsExhausted(
+                f"{self._name()} started {claim.attempt} time(s) without completing "
+                f"(attempts={self.limits.attempts}); dead-lettered"
+            )
+        else:
+            given_up = DeadLettered(f"{self._name()} gave up ({reason}); dead-lettered")
+        self._dead_letter(reason, given_up, claim.attempt, claim.exceptions)
+        raise given_up
+
+    def _send_claim(self) -> Any:
+        """The claim, retried under this run's owner for :data:`CLAIM_RETRY_S` (a retry
+        after a lost reply gets this run's lease back, not a second attempt); then the
+        delivery is handed back."""
+        deadline = time.monotonic() + CLAIM_RETRY_S
+        wait = 0.1
+        while True:
+            try:
+                return self.store.claim(self.facts, self.limits, self.owner)
+            except Exception as exc:
+                unavailable = store_unavailable(exc)
+                if time.monotonic() + wait > deadline:
+                    if unavailable:
+                        logger.warning(
+                            "beetle: cannot claim %s (%r); handing it back", self._name(), exc
+                        )
+                    else:
+                        logger.exception(
+                            "beetle: claiming %s failed; handing it back", self._name()
+                        )
+                    raise HandBack(
+                        f"claim not stored: {exc!r}", 2.0, unavailable, self.owner
+                    ) from exc
+                time.sleep(wait)
+                wait = min(wait * 2, 1.0)
 
     # -- after -----------------------------------------------------------------------------
 
@@ -171,7 +289,8 @@ class Run:
         """Record the failure; return what to raise instead of ``exc`` (None: ``exc``)."""
         retryable = self.settings.is_retryable(exc)
         decision = call_until_stored(
-            lambda number: self._fail_once(number, retryable), f"the failure of {self._name()}"
+            lambda _: self.store.fail(self.facts, self.token, self.limits, retryable, self.owner),
+            f"the failure of {self._name()}",
         )
         self._trace("failed", exc=f"{type(exc).__name__}: {exc}"[:300])
         if decision.outcome is Failure.NOT_OWNER:
@@ -191,32 +310,36 @@ class Run:
         self._trace("retried", delay_s=decision.delay_ms / 1000)
         return Retry(exc=exc, when=decision.delay_ms / 1000)
 
-    def _fail_once(self, number: int, retryable: bool) -> FailureDecision:
-        if number > 0:  # a reply may have been lost: was an earlier try applied?
-            state = self.store.peek(self.facts.queue, self.facts.message_id)
-            applied = _applied_failure(state, self.token, retryable, self.limits, wall_clock_ms())
-            if applied is not None:
-                return applied
-        return self.store.fail(self.facts, self.token, self.limits, retryable)
-
     def _dead_letter(
         self, reason: str, exc: BaseException, attempts: int | None, exceptions: int | None
     ) -> None:
+        """Publish the dead letter this run owes, then mark it stored. If it cannot be
+        published the delivery is handed back: the record keeps it owed, and after this
+        run's lease on it another copy publishes it."""
         headers = dead_letter_headers(
             reason,
             self.facts.queue,
             exc,
             attempts=attempts,
             exceptions=exceptions,
-            worker=self.owner,
+            worker=self.worker,
         )
         try:
             with self.task.app.producer_or_acquire() as producer:
                 publish_dead_letter(producer, self._raw_message(), self.facts.queue, headers)
         except Exception as pub_exc:
-            logger.error("beetle: could not dead-letter %s (%s): %r", self._name(), reason, pub_exc)
-            return
+            logger.error(
+                "beetle: could not dead-letter %s (%s): %r; handing it back",
+                self._name(),
+                reason,
+                pub_exc,
+            )
+            raise HandBack(f"dead letter not published: {pub_exc!r}", 5.0) from pub_exc
         self._trace("dead_lettered", reason=reason)
+        call_until_stored(
+            lambda _: self.store.dead_lettered(self.facts),
+            f"that {self._name()} is dead-lettered",
+        )
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -240,33 +363,3 @@ class Run:
             attempt=self.attempt or None,
             detail=detail or None,
         )
-
-
-def _applied_failure(
-    state: State | None, token: int, retryable: bool, limits: Limits, now_ms: int
-) -> FailureDecision | None:
-    """If ``state`` shows our failure already recorded, the decision it recorded; None if
-    the record still waits for it (running under our token)."""
-    if state is not None and state.status is Status.RUNNING and state.token == token:
-        return None
-    if state is None or state.token != token:
-        return FailureDecision(Failure.NOT_OWNER)
-    if state.status is Status.PENDING:
-        return FailureDecision(
-            Failure.RETRY,
-            delay_ms=max(state.retry_not_before_ms - now_ms, 0),
-            retry_not_before_ms=state.retry_not_before_ms,
-            attempts=state.attempts,
-            exceptions=state.exceptions,
-        )
-    if state.status is Status.FAILED:
-        if not retryable:
-            reason = GiveUpReason.NOT_RETRYABLE
-        elif state.attempts >= limits.attempts:
-            reason = GiveUpReason.ATTEMPTS_LIMIT
-        else:
-            reason = GiveUpReason.EXCEPTIONS_LIMIT
-        return FailureDecision(
-            Failure.GIVE_UP, reason=reason, attempts=state.attempts, exceptions=state.exceptions
-        )
-    return FailureDecision(Failure.NOT_OWNER)

@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
+from celery_beetle.facts import MAX_MESSAGE_LIFE_MS
 from celery_beetle.outcome import Limits
 
 __all__ = [
@@ -88,6 +89,9 @@ _APP_OPTIONS: Mapping[str, str] = {
     "beetle_key_ttl_margin": "key_ttl_margin_s",
     "beetle_key_prefix": "key_prefix",
     "beetle_redis_wait_replicas": "redis_wait_replicas",
+    "beetle_max_deferred": "max_deferred",
+    "beetle_max_deferred_bytes": "max_deferred_bytes",
+    "beetle_unknown_task_grace": "unknown_task_grace_s",
     **{f"beetle_default_{name}": attr for name, attr in TASK_OPTIONS.items()},
 }
 
@@ -117,6 +121,9 @@ class BeetleSettings:
     key_ttl_margin_s: float = 3_600.0
     key_prefix: str = "beetle:"
     redis_wait_replicas: int = 0
+    max_deferred: int = 1_000
+    max_deferred_bytes: int = 64 * 1024 * 1024
+    unknown_task_grace_s: float = 600.0
     trace_dir: str | None = None
     retry_on_classes: tuple[type[BaseException], ...] = field(init=False, compare=False, default=())
 
@@ -133,6 +140,7 @@ class BeetleSettings:
             "max_delay_s",
             "message_ttl_s",
             "key_ttl_margin_s",
+            "unknown_task_grace_s",
         ):
             value = getattr(self, name)
             _require(
@@ -142,6 +150,21 @@ class BeetleSettings:
         for name in ("lease_timeout_s", "message_ttl_s", "key_ttl_margin_s"):
             value = getattr(self, name)
             _require(value > 0, f"{name} must be a positive number of seconds, got {value!r}")
+        _require(
+            self.message_ttl_s <= MAX_MESSAGE_LIFE_MS / 1000,
+            f"message_ttl_s must be at most {MAX_MESSAGE_LIFE_MS // 86_400_000} days, "
+            f"got {self.message_ttl_s!r}",
+        )
+        _require(
+            self.unknown_task_grace_s >= 0,
+            f"unknown_task_grace_s must be 0 or more seconds, got {self.unknown_task_grace_s!r}",
+        )
+        for name in ("max_deferred", "max_deferred_bytes"):
+            value = getattr(self, name)
+            _require(
+                _is_int(value) and value >= 0,
+                f"{name} must be an integer of at least 0, got {value!r}",
+            )
         _require(
             _is_int(self.attempts) and self.attempts >= 1,
             f"attempts must be an integer of at least 1 (the first run counts), "

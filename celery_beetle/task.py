@@ -51,13 +51,16 @@ import logging
 from typing import Any
 
 from celery import Task
+from celery.worker.request import Request
 
-from celery_beetle.run import AttemptsExhausted, Run
+from celery_beetle.facts import COMPLETED_MARK, FACTS_HEADER, HANDBACK_MARK
+from celery_beetle.run import AttemptsExhausted, HandBack, Run
 from celery_beetle.settings import DEPRECATED_OPTIONS, TASK_OPTIONS, BeetleSettings, take_deprecated
 from kombu_beetle.envelope import FLAG_REDUNDANT, FLAGS_HEADER
 
 __all__ = [
     "AttemptsExhausted",
+    "BeetleRequest",
     "BeetleTask",
     "is_beetle_task",
     "message_id_for",
@@ -74,8 +77,8 @@ class BeetleTask(Task):
     acks_late = True
     reject_on_worker_lost = True
     acks_on_timeout = False
-    #: tells the gate which runs completed (see :class:`~celery_beetle.bootstep.BeetleRequest`)
-    Request = "celery_beetle.bootstep:BeetleRequest"
+    #: tells the gate which runs completed (see :class:`BeetleRequest`)
+    Request = "celery_beetle.task:BeetleRequest"
 
     #: the options of :data:`~celery_beetle.settings.TASK_OPTIONS`; None = the app-wide default
     timeout: float | None = None
@@ -167,6 +170,54 @@ class BeetleTask(Task):
         ):
             return super().__call__(*args, **kwargs)
         return Run(self, request).execute(args, kwargs)
+
+
+class BeetleRequest(Request):
+    """Celery's request, telling the gate when a run completed (BeetleTask's ``Request``).
+
+    The gate holds the second copy of a message while the first runs on this worker. When
+    the first is acked after a successful run, the record is completed (the pool stored it
+    before returning), so the second copy can be dropped without reading Redis. Celery acks
+    through ``acknowledge()`` on every path; only success gets there without passing
+    ``on_failure``, ``on_retry``, a hard ``on_timeout`` or ``_announce_revoked``, which
+    mark the run as not completed. The mark goes into the gate's header of the delivery.
+
+    A run the pool handed back (:class:`~celery_beetle.run.HandBack`) is marked too, so that
+    the gate requeues it after a backoff rather than at once.
+    """
+
+    _beetle_not_completed = False
+
+    def on_failure(self, exc_info: Any, *args: Any, **kwargs: Any) -> Any:
+        self._beetle_not_completed = True
+        exc = getattr(exc_info, "exception", None)
+        exc = getattr(exc, "exc", exc)  # billiard's ExceptionWithTraceback
+        if isinstance(exc, HandBack):  # tell the gate to requeue it after a backoff
+            facts = (self.message.headers or {}).get(FACTS_HEADER)
+            if isinstance(facts, dict):
+                facts[HANDBACK_MARK] = exc.mark()
+        return super().on_failure(exc_info, *args, **kwargs)
+
+    def on_retry(self, *args: Any, **kwargs: Any) -> Any:
+        self._beetle_not_completed = True
+        return super().on_retry(*args, **kwargs)
+
+    def on_timeout(self, soft: bool, timeout: float) -> Any:
+        if not soft:
+            self._beetle_not_completed = True
+        return super().on_timeout(soft, timeout)
+
+    def _announce_revoked(self, *args: Any, **kwargs: Any) -> Any:
+        self._beetle_not_completed = True
+        return super()._announce_revoked(*args, **kwargs)
+
+    def acknowledge(self) -> None:
+        # an early ack (acks_late turned off) comes before the run: it proves nothing
+        if not self.acknowledged and not self._beetle_not_completed and self.task.acks_late:
+            facts = (self.message.headers or {}).get(FACTS_HEADER)
+            if isinstance(facts, dict):
+                facts[COMPLETED_MARK] = True
+        super().acknowledge()
 
 
 def is_beetle_task(task: Any) -> bool:

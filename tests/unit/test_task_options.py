@@ -11,10 +11,8 @@ from celery.exceptions import ImproperlyConfigured
 import celery_beetle
 from celery_beetle import BeetleTask
 from celery_beetle.bootstep import BeetleGateStep, load_settings
-from celery_beetle.outcome import Failure, GiveUpReason, Limits
-from celery_beetle.run import _applied_failure
+from celery_beetle.outcome import Limits
 from celery_beetle.settings import BeetleSettings
-from celery_beetle.state import State, Status
 from celery_beetle.task import is_beetle_task, message_id_for, resolve_settings, time_limits_for
 
 URL = "redis://localhost:6379/0"
@@ -206,21 +204,6 @@ def test_called_directly_a_beetle_task_just_runs_its_body():
 
 
 LIMITS = Limits(attempts=3, exceptions=2)
-
-
-def test_a_failure_whose_reply_was_lost_is_read_back_from_the_record():
-    pending = State(Status.PENDING, attempts=1, exceptions=1, retry_not_before_ms=5_000, token=4)
-    decision = _applied_failure(pending, 4, True, LIMITS, now_ms=3_000)
-    assert decision is not None
-    assert (decision.outcome, decision.delay_ms) == (Failure.RETRY, 2_000)
-    failed = State(Status.FAILED, attempts=3, exceptions=3, token=4)
-    decision = _applied_failure(failed, 4, True, LIMITS, now_ms=3_000)
-    assert decision is not None and decision.reason is GiveUpReason.ATTEMPTS_LIMIT
-    running = State(Status.RUNNING, attempts=1, token=4)
-    assert _applied_failure(running, 4, True, LIMITS, now_ms=3_000) is None
-    taken_over = State(Status.RUNNING, attempts=2, token=5)
-    decision = _applied_failure(taken_over, 4, True, LIMITS, now_ms=3_000)
-    assert decision is not None and decision.outcome is Failure.NOT_OWNER
 
 
 def test_install_hands_the_trace_dir_to_a_beetle_transport_only():

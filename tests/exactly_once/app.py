@@ -12,6 +12,8 @@ publisher with :func:`make_app` on the same brokers:
 - ``BEETLE_TEST_CONF`` JSON of more ``app.conf`` settings (e.g. ``beetle_redis_wait_replicas``);
 - ``BEETLE_TEST_SLOW`` a factor on ``eo.record``'s sleep (``0`` for a worker that must not
   sleep, e.g. the one taking over from a worker killed mid-sleep);
+- ``BEETLE_TEST_NEWER`` ``1`` registers ``eo.newer``, a task only the "newer version" of the
+  app has (a rolling deploy's older workers do not know it);
 - ``BEETLE_TEST_OUT`` a file every run appends lines to:
   ``<event> <item> <pid> <unix time>``, event ``start`` or ``done``.
 """
@@ -48,6 +50,7 @@ def make_app(
     task_options: dict[str, Any] | None = None,
     out: str = "/dev/null",
     conf: dict[str, Any] | None = None,
+    newer: bool = False,
 ) -> Celery:
     app = Celery("beetle_eo", broker=broker_url, set_as_current=False)
     app.conf.broker_transport_options = transport_options or {}
@@ -86,6 +89,14 @@ def make_app(
         note("start", item)
         raise KeyError(f"picky {item} is not worth a retry")
 
+    if newer:
+
+        @app.task(base=BeetleTask, name="eo.newer", shared=False, **options)
+        def newer_task(item: int) -> int:
+            note("start", item)
+            note("done", item)
+            return item
+
     @app.task(name="eo.plain", shared=False)
     def plain(item: int) -> int:
         note("start", item)
@@ -105,4 +116,5 @@ app = make_app(
     task_options=json.loads(os.environ.get("BEETLE_TEST_TASK", "{}")),
     out=os.environ.get("BEETLE_TEST_OUT", "/dev/null"),
     conf=json.loads(os.environ.get("BEETLE_TEST_CONF", "{}")),
+    newer=os.environ.get("BEETLE_TEST_NEWER") == "1",
 )

@@ -42,10 +42,13 @@ def _dead_letters(brokers) -> dict[str, dict]:
     return found
 
 
+NO_GRACE = {"BEETLE_TEST_CONF": json.dumps({"beetle_unknown_task_grace": 0})}
+
+
 def test_bad_input_is_dead_lettered_or_dropped_with_a_reason_and_the_worker_keeps_running(
     brokers, client, eo_worker
 ):
-    worker = eo_worker()
+    worker = eo_worker(extra_env=NO_GRACE)
     node, vhost = brokers.nodes[0], brokers.vhost
     no_id = _publish(node, vhost, task="eo.record", body=_body(101), message_id=None)
     unknown = _publish(node, vhost, task="eo.nope", body=_body(102), message_id="m-102")
@@ -73,7 +76,7 @@ def test_bad_input_is_dead_lettered_or_dropped_with_a_reason_and_the_worker_keep
 
 
 def test_both_copies_of_bad_input_give_one_dead_letter(brokers, client, eo_worker):
-    worker = eo_worker()
+    worker = eo_worker(extra_env=NO_GRACE)
     vhost = brokers.vhost
     for node in brokers.nodes[:2]:  # the two copies of a redundant message
         _publish(node, vhost, task="eo.nope", body=_body(201), message_id="m-201", id="t-201")
@@ -94,3 +97,25 @@ def test_both_copies_of_bad_input_give_one_dead_letter(brokers, client, eo_worke
                 reasons.append(properties.headers["x-beetle-dead-reason"])
     assert sorted(reasons) == ["undecodable", "unknown_task"]
     assert worker.alive()
+
+
+def test_a_task_only_newer_workers_know_waits_for_them_during_a_rolling_deploy(
+    brokers, client, eo_worker
+):
+    """An older worker hands an unknown task back (within its grace) instead of failing it,
+    so the newer worker that starts later runs it, once, and nothing is dead-lettered."""
+    grace = {"BEETLE_TEST_CONF": json.dumps({"beetle_unknown_task_grace": 60})}
+    old = eo_worker(extra_env=grace)
+    newer = client(newer=True).tasks["eo.newer"]
+    for item in range(301, 311):
+        newer.delay(item)
+    assert wait_until(lambda: "handing" in old.log_text(), timeout=20)
+    time.sleep(2)  # several hand-backs: none may fail, run or dead-letter it
+    assert counts([old], "start") == {}
+    assert _dead_letters(brokers) == {}
+    new = eo_worker(extra_env={**grace, "BEETLE_TEST_NEWER": "1"})
+    assert wait_until(lambda: len(counts([old, new])) == 10, timeout=30)
+    time.sleep(1)
+    assert counts([old, new]) == {item: 1 for item in range(301, 311)}
+    assert _dead_letters(brokers) == {}
+    assert old.alive() and new.alive()

@@ -408,3 +408,174 @@ def test_a_reply_after_a_consumer_restart_is_ignored(h, pipelined):
     assert pipelined.closed == 1
     pipelined.answer()
     assert h.started == [] and message.acks == 0
+
+
+# Hardening: nothing raises out of the gate, nothing is acked unstored
+
+
+class RejectingMessage(Message):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.requeued = 0
+
+    def reject(self, requeue: bool = False) -> None:
+        assert requeue
+        self.requeued += 1
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"x-beetle-expires-at": "inf"},
+        {"x-beetle-expires-at": float("inf")},
+        {"x-beetle-expires-at": "1e309"},
+        {"x-beetle-expires-at": float("nan")},
+        {"x-beetle-expires-at": "abc"},
+        {"x-beetle-expires-at": [1, 2]},
+        {"x-beetle-expires-at": True},
+        {"x-beetle-published-at": "inf"},
+        {"x-beetle-flags": "zz"},
+    ],
+)
+def test_a_header_no_publisher_writes_is_dead_lettered_as_invalid_and_acked(h, headers):
+    message = Message(headers=headers)
+    assert h.deliver(message) == "bad_input"
+    assert message.acks == 1 and h.started == []
+    (_, _, reason, detail), *_ = h.dead
+    name = next(iter(headers))
+    assert reason == "invalid_header" and name in detail
+
+
+def test_an_over_long_message_id_is_dead_lettered_as_invalid(h):
+    message = Message(message_id="x" * 100_000)
+    assert h.deliver(message) == "bad_input"
+    assert h.dead[0][2] == "invalid_header" and len(h.dead[0][3]) < 300
+
+
+def test_a_far_future_expiry_is_cut_to_the_longest_message_life(h):
+    from celery_beetle.facts import MAX_MESSAGE_LIFE_MS
+
+    message = Message(headers={"x-beetle-expires-at": 1e17})
+    assert h.deliver(message) == "run"
+    facts = facts_from_headers(message.headers[FACTS_HEADER])
+    assert facts is not None and facts.expires_at_ms == NOW_MS + MAX_MESSAGE_LIFE_MS
+
+
+def test_bad_input_whose_dead_letter_fails_is_handed_back_not_acked(h):
+    def refuse(*args: Any) -> None:
+        raise ConnectionResetError("broker gone")
+
+    h.gate.dead_letter = refuse
+    message = RejectingMessage(decodes=False)
+    assert h.deliver(message) == "handed_back"
+    assert message.acks == 0 and message.requeued == 0
+    h.timer.advance(0.5)
+    assert message.requeued == 1 and message.acks == 0
+
+
+def test_bad_input_another_worker_is_dead_lettering_is_handed_back_after_its_lease(h):
+    h.gate.dead_letter = lambda *args: 7.0
+    message = RejectingMessage(decodes=False)
+    assert h.deliver(message) == "handed_back"
+    h.timer.advance(6.9)
+    assert message.requeued == 0
+    h.timer.advance(0.2)
+    assert (message.requeued, message.acks) == (1, 0)
+
+
+class BrokenStore(FakeStore):
+    """A store whose reads fail with ``error``."""
+
+    error: BaseException | None = None
+
+    def peek(self, queue: str, message_id: str) -> Any:
+        if self.error is not None:
+            raise self.error
+        return super().peek(queue, message_id)
+
+
+def test_a_store_out_of_memory_pauses_the_gate_like_an_unreachable_one(h):
+    from redis.exceptions import OutOfMemoryError
+
+    h.gate.store = store = BrokenStore(clock=h.clock)
+    store.error = OutOfMemoryError("OOM command not allowed")
+    message = RejectingMessage()
+    assert h.deliver(message) == "parked"
+    assert h.gate.paused and message.acks == 0
+
+
+def test_an_error_nobody_foresaw_hands_the_delivery_back_with_a_growing_backoff(h):
+    from redis.exceptions import ResponseError
+
+    h.gate.store = store = BrokenStore(clock=h.clock)
+    store.error = ResponseError("WRONGTYPE Operation against a key holding the wrong kind")
+    message = RejectingMessage()
+    assert h.deliver(message) == "handed_back"
+    assert not h.gate.paused
+    h.timer.advance(0.5)
+    assert message.requeued == 1
+    assert h.deliver(message) == "handed_back"
+    h.timer.advance(0.5)
+    assert message.requeued == 1, "the second hand-back of the same message waits longer"
+    h.timer.advance(0.5)
+    assert message.requeued == 2 and message.acks == 0
+
+
+def test_a_gate_bug_never_raises_out_and_hands_the_delivery_back(h):
+    def broken(message: Any) -> str:
+        raise KeyError("a bug")
+
+    h.gate.queue_of = broken
+    message = RejectingMessage()
+    assert h.deliver(message) == "handed_back"
+    h.timer.advance(1.0)
+    assert (message.requeued, message.acks) == (1, 0)
+
+
+def test_deferred_copies_past_the_bound_stop_widening_the_prefetch_window(h):
+    h.gate.max_deferred = 2
+    for n in range(4):
+        h.run_elsewhere(f"m{n}")
+        assert h.deliver(Message(message_id=f"m{n}")) == "deferred"
+    assert h.qos.extra == 2 and h.gate.deferred == 4
+    assert h.gate.stats["deferred_past_bound"] == 2
+    h.timer.advance(11)  # every lease ran out: they run, and the window is back
+    assert h.qos.extra == 0 and h.gate.deferred == 0
+
+
+def test_deferred_bytes_are_bounded_too(h):
+    h.gate.max_deferred_bytes = 10
+    h.run_elsewhere("m1")
+    message = Message(message_id="m1")
+    message.body = b"x" * 11  # type: ignore[attr-defined]
+    assert h.deliver(message) == "deferred"
+    assert h.qos.extra == 0 and h.gate.deferred_bytes == 11
+
+
+def test_a_run_the_pool_handed_back_is_requeued_after_a_backoff_and_its_claim_released(h):
+    message = Message()
+    assert h.deliver(message) == "run"
+    _, done = h.started[0]
+    claim = h.store.claim(h.facts(), LIMITS, "run-1")  # applied, its reply lost
+    rejected: list[int] = []
+    mark = {"delay_s": 2.0, "store": True, "owner": "run-1", "reason": "claim not stored"}
+    done(mark, lambda: rejected.append(1))
+    assert h.gate.paused and rejected == []
+    h.timer.advance(1.0)  # the probe succeeds: the claim is released by its owner first
+    assert not h.gate.paused
+    state = h.store.peek("jobs", "m1")
+    assert state is not None and state.status.value == "p" and state.attempts == 0
+    assert claim.token == state.token
+    h.timer.advance(1.0)
+    assert rejected == [1]
+
+
+def test_an_unknown_task_is_handed_back_within_its_grace_then_dead_lettered(h):
+    h.gate.unknown_task_grace_ms = 10_000
+    message = RejectingMessage()
+    assert h.gate.unknown_task(message, "t.new", "NotRegistered") == "handed_back"
+    h.timer.advance(0.5)
+    assert (message.requeued, message.acks, h.dead) == (1, 0, [])
+    h.timer.advance(10)
+    assert h.gate.unknown_task(message, "t.new", "NotRegistered") == "bad_input"
+    assert message.acks == 1 and h.dead[0][2] == "unknown_task"

@@ -12,7 +12,12 @@ import math
 from typing import Any
 
 from celery_beetle.state import MessageFacts
-from kombu_beetle.envelope import EXPIRES_AT_HEADER, FLAGS_HEADER, PUBLISHED_AT_HEADER
+from kombu_beetle.envelope import (
+    EXPIRES_AT_HEADER,
+    FLAGS_HEADER,
+    MAX_MESSAGE_LIFE_S,
+    PUBLISHED_AT_HEADER,
+)
 
 __all__ = [
     "COMPLETED_MARK",
@@ -31,7 +36,7 @@ logger = logging.getLogger(__name__)
 MAX_MESSAGE_ID_LENGTH = 1024
 #: The longest a message may live: a later ``x-beetle-expires-at`` (a timestamp in µs or
 #: ns by mistake) is cut to this, so that every record keeps a TTL Redis can hold.
-MAX_MESSAGE_LIFE_MS = 366 * 86_400_000
+MAX_MESSAGE_LIFE_MS = MAX_MESSAGE_LIFE_S * 1000
 
 #: Header the gate adds to a delivery for the pool: ``{"queue", "message_id", "expires_at_ms"}``.
 #: It is stripped again before a message is republished (retry, dead letter).

@@ -62,14 +62,15 @@ and expiry as the gate did.
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from celery_beetle.bad_input import BadInput, BadInputHandling, DeadLetter
 from celery_beetle.facts import COMPLETED_MARK, FACTS_HEADER, InvalidHeader, message_facts
+from celery_beetle.handback import HandBacks, ack, channel_open
 from celery_beetle.outcome import Gate as Verdict
 from celery_beetle.outcome import GateDecision, decide_gate
 from celery_beetle.redis_health import store_unavailable
@@ -77,25 +78,9 @@ from celery_beetle.state import MessageFacts, State, Status
 from celery_beetle.store import Store, wall_clock_ms
 from kombu_beetle.trace import NullTracer
 
-__all__ = ["BadInput", "DeliveryGate"]
+__all__ = ["BadInput", "DeadLetter", "DeliveryGate"]
 
 logger = logging.getLogger(__name__)
-
-
-class BadInput(str, enum.Enum):
-    """Why a delivery cannot be gated; the value goes into the dead letter's headers."""
-
-    NO_MESSAGE_ID = "no_message_id"
-    UNDECODABLE = "undecodable"
-    UNKNOWN_TASK = "unknown_task"
-    INVALID_HEADER = "invalid_header"
-
-
-#: ``dead_letter(message, queue, reason, detail)`` answers None when the message may be
-#: acked (its dead letter is stored, now or by another copy), or seconds after which to
-#: hand it back (another copy's worker is on it); it raises when the dead letter is not
-#: stored.
-DeadLetter = Callable[[Any, str, str, str], float | None]
 
 
 class QoSLike(Protocol):
@@ -123,7 +108,7 @@ class Delivery:
 
 
 @dataclass
-class DeliveryGate:
+class DeliveryGate(BadInputHandling):
     """The main-process gate. One per worker consumer; everything runs on its event loop.
 
     - ``store``: the dedup store (one ``gate()`` read per look).
@@ -172,7 +157,7 @@ class DeliveryGate:
         self._waiting: dict[tuple[str, str], list[Delivery]] = {}
         self._parked: list[Delivery] = []
         self._completed: OrderedDict[tuple[str, str], int] = OrderedDict()
-        self._handbacks: OrderedDict[Any, int] = OrderedDict()
+        self.handbacks = HandBacks(self.call_later, self.handback_max_s, self.completed_memory_size)
         #: claims the pool could not confirm: released by their owner once Redis answers
         self._to_release: list[tuple[MessageFacts, str]] = []
         self.deferred = 0
@@ -362,7 +347,7 @@ class DeliveryGate:
         owner = mark.get("owner")
         if owner:
             self._to_release.append((d.facts, str(owner)))
-        delay = max(float(mark.get("delay_s") or 0), self._backoff(d.key))
+        delay = max(float(mark.get("delay_s") or 0), self.handbacks.delay_for(d.key))
         self.stats["handed_back"] += 1
 
         def requeue() -> None:
@@ -413,33 +398,20 @@ class DeliveryGate:
             if d.generation == self.generation:
                 self._examine(d)
 
-    def _backoff(self, key: Any) -> float:
-        """Seconds before handing ``key`` back: 0.5, doubling per hand-back, capped."""
-        if key is None:
-            return 1.0
-        count = self._handbacks.pop(key, 0)
-        self._handbacks[key] = count + 1
-        while len(self._handbacks) > self.completed_memory_size:
-            self._handbacks.popitem(last=False)
-        return float(min(0.5 * 2 ** min(count, 16), self.handback_max_s))
-
     def hand_back(self, message: Any) -> str:
         """Requeue a delivery after a backoff (for a caller whose step failed)."""
         return self._hand_back(message, None)
 
     def _hand_back(self, message: Any, key: Any, delay_s: float | None = None) -> str:
-        """Requeue ``message`` after a backoff: never acked, never dropped. Until then it
-        holds its prefetch slot, so a worker with nothing but trouble takes nothing new."""
         self.stats["handed_back"] += 1
-        delay = self._backoff(key) if delay_s is None else max(delay_s, 0.1)
-        self.call_later(delay, lambda: _requeue(message))
+        self.handbacks.requeue_later(message, key, delay_s)
         return "handed_back"
 
     def _drop(self, d: Delivery, event: str, status: Any = None) -> str:
         self.stats[event] += 1
         detail = {"status": status.value} if status is not None else None
         self._trace(event, d.facts.message_id, d.facts.queue, d.task_name, d.message, detail)
-        _ack(d.message)
+        ack(d.message)
         return event
 
     def _defer(self, d: Delivery, delay_ms: int, running: bool) -> str:
@@ -477,7 +449,7 @@ class DeliveryGate:
         if d.qos is not None:
             d.qos.decrement_eventually()
             d.qos = None
-        if not _channel_open(d.message):
+        if not channel_open(d.message):
             # its broker went away; the broker delivers it again when it comes back
             self.stats["forgotten"] += 1
             return
@@ -523,84 +495,6 @@ class DeliveryGate:
             self._to_release.pop(0)
         return True
 
-    # -- bad input and unknown tasks ---------------------------------------------------------
-
-    def _bad_input(self, message: Any, queue: str, task_name: str, reason: str, detail: str) -> str:
-        """Dead-letter ``message`` once per message, then ack it; if its dead letter is not
-        stored (the broker refused it, Redis is down), hand it back instead."""
-        self.stats["bad_input"] += 1
-        properties = {k: v for k, v in (message.properties or {}).items()}
-        properties.pop("application_headers", None)
-        shown = {k: (str(v)[:100] if isinstance(v, str) else v) for k, v in properties.items()}
-        logger.error(
-            "beetle: dead-lettering a %s message on queue %r (%s): %s %s",
-            task_name,
-            queue,
-            reason,
-            detail[:300],
-            shown,
-        )
-        key = (queue, str((message.properties or {}).get("message_id") or id(message))[:200])
-        try:
-            wait_s = self.dead_letter(message, queue, reason, detail)
-        except Exception as exc:
-            logger.error("beetle: could not dead-letter the message (%r); handing it back", exc)
-            return self._hand_back(message, key)
-        if wait_s is not None:  # another copy's worker is dead-lettering it
-            return self._hand_back(message, key, wait_s)
-        _ack(message)
-        return "bad_input"
-
-    def unknown_task(self, message: Any, task_name: str, detail: str) -> str:
-        """A task this worker does not know. During a rolling deploy an older worker sees
-        tasks only newer ones have: hand the message back, for a worker that knows it,
-        until ``unknown_task_grace_ms`` after a worker first saw it; then dead-letter it."""
-        self.stats["unknown_task"] += 1
-        try:
-            return self._unknown_task(message, task_name, detail)
-        except Exception:
-            logger.exception(
-                "beetle: the gate failed on unknown task %r; handing it back", task_name
-            )
-            return self._hand_back(message, None)
-
-    def _unknown_task(self, message: Any, task_name: str, detail: str) -> str:
-        queue = self.queue_of(message)
-        message_id = (message.properties or {}).get("message_id")
-        reason = BadInput.UNKNOWN_TASK.value
-        if not message_id:
-            return self._bad_input(message, queue, task_name, reason, detail)
-        headers = message.headers if message.headers is not None else {}
-        now = self.clock()
-        try:
-            facts = message_facts(queue, message_id, headers, self.message_ttl_ms, now)
-        except InvalidHeader as exc:
-            return self._bad_input(
-                message, queue, task_name, BadInput.INVALID_HEADER.value, str(exc)
-            )
-        if self.paused:
-            return self._hand_back(message, (queue, message_id))
-        try:
-            first = self.store.first_seen(facts, self.unknown_task_grace_ms + self.message_ttl_ms)
-        except Exception as exc:
-            if store_unavailable(exc):
-                self._pause(exc)
-            else:
-                logger.error("beetle: cannot tell when %s was first seen", message_id, exc_info=exc)
-            return self._hand_back(message, (queue, message_id))
-        waited = now - first
-        if waited >= self.unknown_task_grace_ms:
-            return self._bad_input(message, queue, task_name, reason, detail)
-        logger.warning(
-            "beetle: no task %r on this worker (an older version during a deploy?); handing "
-            "%s back for a worker that knows it (%.0f s of its %.0f s grace gone)",
-            task_name,
-            message_id[:100],
-            waited / 1000,
-            self.unknown_task_grace_ms / 1000,
-        )
-        return self._hand_back(message, (queue, message_id))
-
     def _trace(
         self,
         event: str,
@@ -625,28 +519,3 @@ class DeliveryGate:
             worker=self.worker,
             detail=detail,
         )
-
-
-def _ack(message: Any) -> None:
-    try:
-        message.ack()
-    except Exception as exc:  # a dead broker's ack is lost; that broker redelivers
-        logger.debug("beetle: ack failed: %r", exc)
-
-
-def _requeue(message: Any) -> None:
-    """Give ``message`` back to its broker; a dead broker's reject is lost, and that broker
-    delivers the message again anyway."""
-    if not _channel_open(message):
-        return
-    try:
-        message.reject(requeue=True)
-    except Exception as exc:
-        logger.debug("beetle: requeue failed: %r", exc)
-
-
-def _channel_open(message: Any) -> bool:
-    channel = getattr(message, "channel", None)
-    if channel is None:
-        return True
-    return bool(getattr(channel, "is_open", True)) and getattr(channel, "connection", 1) is not None

@@ -8,6 +8,7 @@ the headers it gave.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -27,6 +28,15 @@ FORMAT_VERSION = 1
 FLAG_REDUNDANT = 1
 #: bit 2: fewer brokers than the redundancy were alive, so it went out once
 FLAG_DEGRADED = 2
+
+#: The longest a redundant message may live. A later ``x-beetle-expires-at`` (a timestamp in
+#: ms, µs or ns by mistake) is refused at publish, and cut to this by the worker.
+MAX_MESSAGE_LIFE_S = 366 * 86_400
+
+
+class InvalidExpiry(ValueError):
+    """A publisher-given ``x-beetle-expires-at`` that is not unix seconds within
+    :data:`MAX_MESSAGE_LIFE_S`; raised before anything is written to a broker."""
 
 
 def flags_of(headers: Mapping[str, Any] | None) -> int:
@@ -61,10 +71,14 @@ def stamp_redundant(
 ) -> dict[str, Any]:
     """Add the ``x-beetle-*`` headers to a redundant message's properties (in place).
 
-    A publisher-given expiry is kept; otherwise the message lives ``ttl_s``.
+    A publisher-given expiry is kept (:class:`InvalidExpiry` if it is not unix seconds within
+    :data:`MAX_MESSAGE_LIFE_S`); otherwise the message lives ``ttl_s``.
     """
     headers = dict(properties.get("application_headers") or {})
     now_s = now()
+    given = headers.get(EXPIRES_AT_HEADER)
+    if given is not None:
+        _check_expiry(given, now_s)
     flags = flags_of(headers) | FLAG_REDUNDANT
     if degraded:
         flags |= FLAG_DEGRADED
@@ -74,6 +88,20 @@ def stamp_redundant(
     headers[PUBLISHED_AT_HEADER] = int(now_s * 1000)
     properties["application_headers"] = headers
     return headers
+
+
+def _check_expiry(value: Any, now_s: float) -> None:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError, OverflowError):
+        seconds = math.nan
+    if isinstance(value, bool) or not math.isfinite(seconds):
+        raise InvalidExpiry(f"{EXPIRES_AT_HEADER}={value!r} is not a number of unix seconds")
+    if seconds > now_s + MAX_MESSAGE_LIFE_S:
+        raise InvalidExpiry(
+            f"{EXPIRES_AT_HEADER}={value!r} is more than {MAX_MESSAGE_LIFE_S // 86_400} days "
+            f"ahead: give unix seconds (not milliseconds), at most that far"
+        )
 
 
 def is_expired(headers: Mapping[str, Any] | None, now_s: float) -> bool:

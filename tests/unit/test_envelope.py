@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from kombu_beetle import envelope
 
 
@@ -44,3 +46,16 @@ def test_expiry_is_read_from_the_header():
     assert not envelope.is_expired({"x-beetle-expires-at": 11}, now_s=10)
     assert not envelope.is_expired({}, now_s=10)
     assert not envelope.is_expired({"x-beetle-expires-at": "bad"}, now_s=10)
+
+
+@pytest.mark.parametrize("expires_at", ["inf", float("nan"), "abc", 1e17, 1_000 + 367 * 86_400])
+def test_a_publisher_given_expiry_that_is_not_unix_seconds_within_a_year_is_refused(expires_at):
+    props = {"application_headers": {"x-beetle-expires-at": expires_at}}
+    with pytest.raises(envelope.InvalidExpiry, match="x-beetle-expires-at"):
+        envelope.stamp_redundant(props, ttl_s=60, degraded=False, now=lambda: 1000.0)
+
+
+def test_a_publisher_given_expiry_within_a_year_is_kept():
+    props = {"application_headers": {"x-beetle-expires-at": 5_000}}
+    headers = envelope.stamp_redundant(props, ttl_s=60, degraded=False, now=lambda: 1000.0)
+    assert headers["x-beetle-expires-at"] == 5_000

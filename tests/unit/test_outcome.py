@@ -137,7 +137,7 @@ def test_claim_after_the_last_attempt_crashed_fails_the_message_and_owes_its_dea
 
 
 def test_a_claim_retried_by_its_owner_after_a_lost_reply_gets_the_same_token_and_attempt():
-    decision, state = decide_claim(None, FACTS, LIMITS, "w1", NOW)
+    _, state = decide_claim(None, FACTS, LIMITS, "w1", NOW)
     assert state is not None
     again, state2 = decide_claim(state, FACTS, LIMITS, "w1", NOW + 1_000)
     assert (again.outcome, again.token, again.attempt) == (Claim.ACQUIRED, 1, 1)

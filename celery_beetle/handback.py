@@ -1,0 +1,79 @@
+"""Handing a delivery back: requeued after a backoff, never acked, never dropped.
+
+A delivery the worker cannot take now (its dead letter cannot be published, the pool could
+not claim it, its task is unknown here, an error nobody foresaw) goes back to its broker, but
+not at once: at once, one poison message or one unhealthy store would spin between broker and
+worker as fast as both can go. It waits 0.5 s, doubling per hand-back of the same message up
+to a cap, holding its prefetch slot meanwhile, so a worker with nothing but trouble takes
+nothing new.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["HandBacks", "ack", "channel_open", "requeue"]
+
+logger = logging.getLogger(__name__)
+
+
+class HandBacks:
+    """``requeue_later(message, key)``: requeue after the backoff ``key`` has earned.
+
+    ``key`` names the message (``(queue, message_id)``), so the backoff grows per message;
+    None waits one second. The last ``memory`` keys are remembered.
+    """
+
+    def __init__(
+        self,
+        call_later: Callable[[float, Callable[[], None]], Any],
+        max_s: float = 30.0,
+        memory: int = 10_000,
+    ) -> None:
+        self.call_later = call_later
+        self.max_s = max_s
+        self.memory = memory
+        self._counts: OrderedDict[Any, int] = OrderedDict()
+
+    def delay_for(self, key: Any) -> float:
+        """Seconds before handing ``key`` back: 0.5, doubling per hand-back, capped."""
+        if key is None:
+            return 1.0
+        count = self._counts.pop(key, 0)
+        self._counts[key] = count + 1
+        while len(self._counts) > self.memory:
+            self._counts.popitem(last=False)
+        return float(min(0.5 * 2 ** min(count, 16), self.max_s))
+
+    def requeue_later(self, message: Any, key: Any, delay_s: float | None = None) -> None:
+        """Requeue ``message`` after ``delay_s``, or the backoff of ``key``."""
+        delay = self.delay_for(key) if delay_s is None else max(delay_s, 0.1)
+        self.call_later(delay, lambda: requeue(message))
+
+
+def ack(message: Any) -> None:
+    try:
+        message.ack()
+    except Exception as exc:  # a dead broker's ack is lost; that broker redelivers
+        logger.debug("beetle: ack failed: %r", exc)
+
+
+def requeue(message: Any) -> None:
+    """Give ``message`` back to its broker; a dead broker's reject is lost, and that broker
+    delivers the message again anyway."""
+    if not channel_open(message):
+        return
+    try:
+        message.reject(requeue=True)
+    except Exception as exc:
+        logger.debug("beetle: requeue failed: %r", exc)
+
+
+def channel_open(message: Any) -> bool:
+    channel = getattr(message, "channel", None)
+    if channel is None:
+        return True
+    return bool(getattr(channel, "is_open", True)) and getattr(channel, "connection", 1) is not None

@@ -23,7 +23,7 @@ declaration, so a queue in use never expires under a message it still holds.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from kombu.serialization import dumps, registry
@@ -66,9 +66,6 @@ class RawMessage:
             headers=clean_headers(headers),
             properties={k: properties[k] for k in _KEPT_PROPERTIES if properties.get(k)},
         )
-
-    def with_headers(self, **extra: Any) -> RawMessage:
-        return replace(self, headers={**self.headers, **extra})
 
 
 def raw_message_from_request(request: Any, task_name: str, message_id: str) -> RawMessage:

@@ -13,21 +13,11 @@ import time
 
 from tests.exactly_once.conftest import counts
 from tests.exactly_once.poison import celery_queue_empty, worker_restarted
+from tests.harness.redis_faults import refusing_writes
 from tests.harness.waiting import wait_until
 
 TASKS = 200
 REFUSAL_S = 5
-
-
-def _refuse_writes(server) -> None:
-    with server.client() as r:
-        r.config_set("maxmemory-policy", "noeviction")
-        r.config_set("maxmemory", 1)
-
-
-def _accept_writes(server) -> None:
-    with server.client() as r:
-        r.config_set("maxmemory", 0)
 
 
 def _backend(redis_url: str) -> str:
@@ -55,10 +45,9 @@ def test_a_dedup_redis_refusing_writes_for_5_s_loses_nothing_and_runs_each_task_
     worker = eo_worker(redis=redis_own.url, pool="prefork", concurrency=2, backend=backend)
     pid = worker.proc.pid
     app = client(backend=backend)
-    _refuse_writes(redis_own)
-    results = [app.tasks["eo.record"].delay(i) for i in range(TASKS)]
-    time.sleep(REFUSAL_S)  # the fault's duration
-    _accept_writes(redis_own)
+    with refusing_writes(redis_own):
+        results = [app.tasks["eo.record"].delay(i) for i in range(TASKS)]
+        time.sleep(REFUSAL_S)  # the fault's duration
 
     def why() -> str:
         return (
@@ -82,16 +71,13 @@ def test_a_dedup_redis_refusing_writes_never_lets_a_task_be_acked_unrun(
     app.tasks["eo.record"].delay(0)
     assert wait_until(lambda: counts([worker])[0] == 1, timeout=20)
     assert wait_until(lambda: celery_queue_empty(brokers), timeout=15)
-    _refuse_writes(redis_own)
     items = list(range(1, 21))
-    for item in items:
-        app.tasks["eo.record"].delay(item)
-    time.sleep(3)  # long enough for every copy to reach the worker and be tried
-    try:
+    with refusing_writes(redis_own):
+        for item in items:
+            app.tasks["eo.record"].delay(item)
+        time.sleep(3)  # long enough for every copy to reach the worker and be tried
         started = set(counts([worker], "start")) - {0}
         held = _held(brokers)
-    finally:
-        _accept_writes(redis_own)
     assert started == set(), "nothing starts without a claim"
     assert held == 2 * len(items), "every copy is still on its broker (ready or unacked)"
     assert wait_until(lambda: set(counts([worker])) == {0, *items}, timeout=30), worker.log_text()[

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,11 +140,6 @@ def worker_restarted(log: str) -> list[str]:
         "Unrecoverable error",
         "Frequent restarts detected",
         "Connection to broker lost",
-        "Traceback (most recent call last)",
         "consumer: Cannot connect",
     )
     return [sign for sign in signs if sign in log]
-
-
-def counter_of(dead: dict[str, list[dict]]) -> Counter[str]:
-    return Counter({task_id: len(letters) for task_id, letters in dead.items()})

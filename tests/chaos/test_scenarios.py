@@ -12,7 +12,15 @@ import time
 import pika
 
 from tests.chaos.conftest import judge
+from tests.exactly_once.poison import (
+    MUST_DEAD_LETTER,
+    dead_letter_count,
+    publish_poison,
+    take_dead_letters,
+)
 from tests.harness.rabbit import beetle_url
+from tests.harness.redis_faults import refusing_writes
+from tests.harness.waiting import wait_until
 
 
 def test_kill_9_of_a_broker_while_publishing_and_consuming(chaos, brokers, spark, messages):
@@ -106,3 +114,32 @@ def test_two_of_three_brokers_down_messages_still_flow(chaos, brokers, spark, me
     brokers.nodes[1].restart()
     assert run.wait_all_done() == set()
     judge(run, spark)
+
+
+def test_poison_headers_mixed_in_while_the_dedup_redis_refuses_writes(
+    chaos, brokers, spark, messages, redis_own
+):
+    run = chaos("poison + redis refusing writes 3 s", redis=redis_own.url)
+    run.begin(messages)
+    pids = [worker.pid for worker in run.workers]
+    node, vhost = brokers.nodes[0], brokers.vhost
+    half = len(MUST_DEAD_LETTER) // 2
+    poison = list(enumerate(MUST_DEAD_LETTER, start=100_000))
+    sent = [publish_poison(node, vhost, p, item) for item, p in poison[:half]]
+    with refusing_writes(redis_own):  # the rest go in while Redis refuses writes
+        sent += [publish_poison(node, vhost, p, item) for item, p in poison[half:]]
+        time.sleep(3)
+
+    def why() -> str:
+        crashes = [line for w in run.workers for line in w.log_text().splitlines()
+                   if "Unrecoverable error" in line]  # fmt: skip
+        return f"alive {[w.alive() for w in run.workers]}: {crashes}"
+
+    missing = run.wait_all_done(timeout=40)
+    assert missing == set(), f"{len(missing)} never ran; workers {why()}"
+    assert wait_until(lambda: dead_letter_count(brokers) >= len(sent), timeout=15), why()
+    assert all(w.alive() for w in run.workers)
+    assert [worker.pid for worker in run.workers] == pids
+    judge(run, spark)
+    dead = take_dead_letters(brokers)
+    assert {task_id: len(dead.get(task_id, [])) for task_id in sent} == dict.fromkeys(sent, 1)

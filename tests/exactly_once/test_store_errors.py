@@ -1,0 +1,107 @@
+"""A dedup Redis that answers but refuses writes, or forgets its scripts: nothing is lost.
+
+``maxmemory 1`` with ``noeviction`` makes every write fail with "OOM command not allowed"
+while reads still answer, so the gate sees the store as healthy and only the claim in the
+pool fails. That error must mean "the store cannot take writes right now" (hand the message
+back, unrun and unacked), never "the task failed" (acked, lost). ``SCRIPT FLUSH`` makes the
+server forget the Lua scripts; the store must load them again and carry on.
+"""
+
+from __future__ import annotations
+
+import time
+
+from tests.exactly_once.conftest import counts
+from tests.exactly_once.poison import celery_queue_empty, worker_restarted
+from tests.harness.redis_faults import refusing_writes
+from tests.harness.waiting import wait_until
+
+TASKS = 200
+REFUSAL_S = 5
+
+
+def _backend(redis_url: str) -> str:
+    """A result backend on the session's Redis (db 1), which keeps taking writes, so a task
+    that failed because the dedup store refused a write shows as FAILURE."""
+    return redis_url.rsplit("/", 1)[0] + "/1"
+
+
+def _held(brokers, queue: str = "celery") -> int:
+    """Copies still on the brokers, ready or unacked."""
+    return sum(sum(n.queue_depths(brokers.vhost).get(queue, (0, 0))) for n in brokers.nodes)
+
+
+def _states(results) -> dict[str, int]:
+    seen: dict[str, int] = {}
+    for result in results:
+        seen[result.state] = seen.get(result.state, 0) + 1
+    return seen
+
+
+def test_a_dedup_redis_refusing_writes_for_5_s_loses_nothing_and_runs_each_task_once(
+    brokers, client, eo_worker, redis_own, redis_url
+):
+    backend = _backend(redis_url)
+    worker = eo_worker(redis=redis_own.url, pool="prefork", concurrency=2, backend=backend)
+    pid = worker.proc.pid
+    app = client(backend=backend)
+    with refusing_writes(redis_own):
+        results = [app.tasks["eo.record"].delay(i) for i in range(TASKS)]
+        time.sleep(REFUSAL_S)  # the fault's duration
+
+    def why() -> str:
+        return (
+            f"done {len(counts([worker]))}/{TASKS}, states {_states(results)}, "
+            f"alive {worker.alive()}\n{worker.log_text()[-3000:]}"
+        )
+
+    assert wait_until(lambda: len(counts([worker])) == TASKS, timeout=30), why()
+    assert wait_until(lambda: celery_queue_empty(brokers), timeout=20), why()
+    assert counts([worker], "start") == dict.fromkeys(range(TASKS), 1)
+    assert counts([worker], "done") == dict.fromkeys(range(TASKS), 1)
+    assert worker.alive() and worker.proc.pid == pid, why()
+    assert "Unrecoverable error" not in worker.log_text()
+
+
+def test_a_dedup_redis_refusing_writes_never_lets_a_task_be_acked_unrun(
+    brokers, client, eo_worker, redis_own
+):
+    worker = eo_worker(redis=redis_own.url, pool="prefork", concurrency=2)
+    app = client()
+    app.tasks["eo.record"].delay(0)
+    assert wait_until(lambda: counts([worker])[0] == 1, timeout=20)
+    assert wait_until(lambda: celery_queue_empty(brokers), timeout=15)
+    items = list(range(1, 21))
+    with refusing_writes(redis_own):
+        for item in items:
+            app.tasks["eo.record"].delay(item)
+        time.sleep(3)  # long enough for every copy to reach the worker and be tried
+        started = set(counts([worker], "start")) - {0}
+        held = _held(brokers)
+    assert started == set(), "nothing starts without a claim"
+    assert held == 2 * len(items), "every copy is still on its broker (ready or unacked)"
+    assert wait_until(lambda: set(counts([worker])) == {0, *items}, timeout=30), worker.log_text()[
+        -3000:
+    ]
+    assert counts([worker], "start") == dict.fromkeys([0, *items], 1)
+    assert worker.alive() and worker_restarted(worker.log_text()) == []
+
+
+def test_script_flush_5_times_during_a_stream_each_task_runs_once(
+    brokers, client, eo_worker, redis_own
+):
+    worker = eo_worker(redis=redis_own.url, pool="prefork", concurrency=2)
+    pid = worker.proc.pid
+    app = client()
+    batch = TASKS // 5
+    with redis_own.client() as r:
+        for flush in range(5):
+            for item in range(flush * batch, (flush + 1) * batch):
+                app.tasks["eo.record"].delay(item)
+            halfway = flush * batch + batch // 2
+            wait_until(lambda n=halfway: len(counts([worker])) >= n, timeout=10)
+            r.script_flush()
+    assert wait_until(lambda: len(counts([worker])) == TASKS, timeout=30), worker.log_text()[-3000:]
+    assert wait_until(lambda: celery_queue_empty(brokers), timeout=15)
+    assert counts([worker], "start") == dict.fromkeys(range(TASKS), 1)
+    assert worker.alive() and worker.proc.pid == pid

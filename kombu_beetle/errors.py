@@ -11,16 +11,24 @@ from collections.abc import Iterable
 
 from kombu.exceptions import OperationalError
 
+from .urls import mask_url
+
 EXPECTED_URL_FORM = "beetle://USER:PASSWORD@HOST1:PORT1,HOST2:PORT2[,...]/VHOST?option=value"
 
 
 class InvalidBrokerURL(ValueError):
-    """A ``beetle://`` URL that cannot be parsed; the message shows the expected form."""
+    """A ``beetle://`` URL that cannot be parsed; the message shows the expected form.
+
+    The URL is kept and shown with its password masked: this error ends up in logs
+    and tracebacks, and a typo in a host must not publish the broker's password.
+    """
 
     def __init__(self, url: str, problem: str) -> None:
-        self.url = url
+        self.url = mask_url(url)
         self.problem = problem
-        super().__init__(f"invalid beetle URL {url!r}: {problem}; expected {EXPECTED_URL_FORM}")
+        super().__init__(
+            f"invalid beetle URL {self.url!r}: {problem}; expected {EXPECTED_URL_FORM}"
+        )
 
 
 class InvalidTransportOption(ValueError):

@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .errors import InvalidBrokerURL, InvalidTransportOption
+from .urls import parse_host_port
 
 DEFAULT_PORT = 5672
 DEFAULT_SSL_PORT = 5671
@@ -164,21 +165,10 @@ def _parse_hosts(url: str, hostlist: str, default_port: int) -> tuple[BrokerAddr
         item = item.strip()
         if not item:
             raise InvalidBrokerURL(url, f"broker {index} is empty (a stray ',')")
-        if item.startswith("["):  # [ipv6]:port
-            host, _, port_part = item[1:].partition("]")
-            port_text = port_part[1:] if port_part.startswith(":") else ""
-        else:
-            host, _, port_text = item.partition(":")
-        if not host:
-            raise InvalidBrokerURL(url, f"broker {index} ({item!r}) has no host")
-        if port_text:
-            if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-                raise InvalidBrokerURL(
-                    url, f"port {port_text!r} of broker {index} ({item!r}) is not a port number"
-                )
-            port = int(port_text)
-        else:
-            port = default_port
+        try:
+            host, port = parse_host_port(item, default_port)
+        except ValueError as exc:
+            raise InvalidBrokerURL(url, f"broker {index}: {exc}") from None
         if host == "localhost":
             host = "127.0.0.1"
         address = BrokerAddress(host, port)
@@ -186,18 +176,6 @@ def _parse_hosts(url: str, hostlist: str, default_port: int) -> tuple[BrokerAddr
             raise InvalidBrokerURL(url, f"broker {address.name} is listed twice")
         brokers.append(address)
     return tuple(brokers)
-
-
-def mask_url(url: str, mask: str = "**") -> str:
-    """The URL with its password replaced by ``mask`` (for logs and ``as_uri()``)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest.split("/", 1)[0]:
-        return url
-    netloc, slash, tail = rest.partition("/")
-    userinfo, hostlist = netloc.rsplit("@", 1)
-    if ":" in userinfo:
-        userinfo = userinfo.split(":", 1)[0] + ":" + mask
-    return f"{scheme}://{userinfo}@{hostlist}{slash}{tail}"
 
 
 def _as_bool(name: str, value: Any) -> bool:

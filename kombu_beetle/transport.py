@@ -48,7 +48,8 @@ from kombu.utils.text import version_string_as_tuple
 from .channel import BeetleChannel
 from .connection import BeetleConnection
 from .errors import NoBrokerAvailable, PublishNotConfirmed
-from .options import BeetleOptions, build_options, mask_url
+from .options import BeetleOptions, build_options
+from .urls import mask_url
 
 
 class Transport(base.Transport):

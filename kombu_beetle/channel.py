@@ -18,7 +18,7 @@ import amqp
 from kombu.transport import base, pyamqp
 from kombu.transport.base import to_rabbitmq_queue_arguments
 
-from .brokers import LINK_ERRORS, BrokerChannel, BrokerLink, fail_or_raise
+from .brokers import CAUGHT_ERRORS, BrokerChannel, BrokerLink, fail_or_raise
 from .errors import NoBrokerAvailable
 from .publish import publish
 
@@ -57,7 +57,7 @@ class BeetleChannel(base.StdChannel):
         for link in connection.brokers.live():
             try:
                 self._sub(link)
-            except LINK_ERRORS as exc:
+            except CAUGHT_ERRORS as exc:
                 fail_or_raise(link, exc)
 
     def __repr__(self) -> str:
@@ -117,7 +117,7 @@ class BeetleChannel(base.StdChannel):
         for link in self.connection.brokers.live():
             try:
                 subs.append((link, self._sub(link)))
-            except LINK_ERRORS as exc:
+            except CAUGHT_ERRORS as exc:
                 fail_or_raise(link, exc)
         return subs
 
@@ -134,7 +134,7 @@ class BeetleChannel(base.StdChannel):
                 errors.append(exc)
                 self._subs.pop(link, None)
                 self._reopen_after_error(link)
-            except LINK_ERRORS as exc:
+            except CAUGHT_ERRORS as exc:
                 fail_or_raise(link, exc)
         if errors and (all_must_succeed or not results):
             raise errors[0]
@@ -150,7 +150,7 @@ class BeetleChannel(base.StdChannel):
             self._sub(link)
         except CHANNEL_ERRORS as exc:
             logger.error("beetle: cannot reopen channel on %s: %r", link.name, exc)
-        except LINK_ERRORS as exc:
+        except CAUGHT_ERRORS as exc:
             fail_or_raise(link, exc)
 
     # -- declarations ----------------------------------------------------------------
@@ -263,7 +263,7 @@ class BeetleChannel(base.StdChannel):
             except CHANNEL_ERRORS as exc:
                 errors.append(exc)
                 self._subs.pop(link, None)
-            except LINK_ERRORS as exc:
+            except CAUGHT_ERRORS as exc:
                 fail_or_raise(link, exc)
         if errors and len(errors) == len(subs):
             self._consumers.pop(tag, None)
@@ -291,7 +291,7 @@ class BeetleChannel(base.StdChannel):
                 sub.basic_cancel(consumer_tag)
             except CHANNEL_ERRORS:
                 self._subs.pop(link, None)
-            except LINK_ERRORS as exc:
+            except CAUGHT_ERRORS as exc:
                 fail_or_raise(link, exc)
 
     def basic_get(self, queue: str = "", no_ack: bool = False, **kwargs: Any) -> Any:
@@ -308,7 +308,7 @@ class BeetleChannel(base.StdChannel):
                 errors.append(exc)
                 self._subs.pop(link, None)
                 continue
-            except LINK_ERRORS as exc:
+            except CAUGHT_ERRORS as exc:
                 fail_or_raise(link, exc)
                 continue
             if message is not None:

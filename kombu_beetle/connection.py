@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from .brokers import LINK_ERRORS, BrokerLink, BrokerSet, fail_or_raise
+from .brokers import CAUGHT_ERRORS, BrokerLink, BrokerSet, fail_or_raise
 from .declarations import DeclarationLog
 from .errors import NoBrokerAvailable
 from .options import BeetleOptions
@@ -167,7 +167,7 @@ class BeetleConnection:
             self.declarations.replay(link)
             for channel in self.channels:
                 channel.attach(link)
-        except LINK_ERRORS as exc:
+        except CAUGHT_ERRORS as exc:
             fail_or_raise(link, exc)
             return
         if self._loop is not None:
@@ -229,7 +229,7 @@ class BeetleConnection:
                 return False
             fail_or_raise(link, exc)
             return False
-        except LINK_ERRORS as exc:
+        except CAUGHT_ERRORS as exc:
             fail_or_raise(link, exc)
             return False
         return True
@@ -273,7 +273,7 @@ class BeetleConnection:
         for link in self.brokers.live():
             try:
                 link.conn.heartbeat_tick(rate=rate)  # type: ignore[union-attr]
-            except LINK_ERRORS as exc:
+            except CAUGHT_ERRORS as exc:
                 fail_or_raise(link, exc)
 
     @property

@@ -25,7 +25,7 @@ from amqp.exceptions import MessageNacked, RecoverableConnectionError
 from amqp.method_framing import FRAME_OVERHEAD
 from amqp.serialization import dumps
 
-from .brokers import LINK_ERRORS, BrokerChannel, BrokerLink, fail_or_raise
+from .brokers import CAUGHT_ERRORS, BrokerChannel, BrokerLink, fail_or_raise
 from .envelope import REPUBLISHED_HEADER, ensure_message_id, is_redundant, stamp_redundant
 from .errors import NoBrokerAvailable, PublishNotConfirmed
 from .trace import NullTracer
@@ -177,7 +177,7 @@ def publish(
             try:
                 sub = channel.sub_for(link)
                 _write(sub, message, exchange, routing_key, mandatory, immediate, encoded)
-            except LINK_ERRORS as exc:
+            except CAUGHT_ERRORS as exc:
                 failed.append(link.name)
                 fail_or_raise(link, exc)
                 continue
@@ -201,7 +201,7 @@ def publish(
                 failed.append(link.name)
                 logger.warning("beetle: %s nacked message %s", link.name, properties["message_id"])
                 continue
-            except LINK_ERRORS as exc:
+            except CAUGHT_ERRORS as exc:
                 failed.append(link.name)
                 fail_or_raise(link, exc)
                 continue

@@ -1,9 +1,10 @@
 """The transport-level channel: one py-amqp channel per live broker behind it.
 
 Declarations, ``basic_qos``, ``basic_consume`` and cancels fan out to every
-broker (and are replayed on a broker that comes back); publishing is in
-:mod:`kombu_beetle.publish`; deliveries stay bound to the channel of the broker
-that delivered them, so acks and rejects go back there.
+broker (and are replayed on a broker that comes back); a
+:class:`~kombu_beetle.publish.Publisher` publishes on this channel's per-broker
+channels; deliveries stay bound to the channel of the broker that delivered
+them, so acks and rejects go back there.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import amqp
@@ -20,10 +22,10 @@ from kombu.transport.base import to_rabbitmq_queue_arguments
 
 from .brokers import CAUGHT_ERRORS, BrokerChannel, BrokerLink, fail_or_raise
 from .errors import NoBrokerAvailable
-from .publish import publish
 
 if TYPE_CHECKING:
     from .connection import BeetleConnection
+    from .publish import Publisher
 
 logger = logging.getLogger(__name__)
 
@@ -370,8 +372,7 @@ class BeetleChannel(base.StdChannel):
         immediate: bool = False,
         **kwargs: Any,
     ) -> None:
-        publish(
-            self,
+        self.publisher.publish(
             message,
             exchange,
             routing_key,
@@ -380,8 +381,10 @@ class BeetleChannel(base.StdChannel):
             timeout=kwargs.get("confirm_timeout") or kwargs.get("timeout"),
         )
 
-    def sub_for(self, link: BrokerLink) -> BrokerChannel:
-        return self._sub(link)
+    @cached_property
+    def publisher(self) -> Publisher:
+        """Built at the first publish: a consumer's channel never needs one."""
+        return self.connection.publisher_for(self._sub)
 
     def close(self) -> None:
         if not self.is_open:

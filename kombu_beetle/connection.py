@@ -17,10 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from .brokers import CAUGHT_ERRORS, BrokerLink, BrokerSet, fail_or_raise
+from .brokers import CAUGHT_ERRORS, BrokerChannel, BrokerLink, BrokerSet, fail_or_raise
 from .declarations import DeclarationLog
 from .errors import NoBrokerAvailable
 from .options import BeetleOptions
+from .publish import Publisher
 from .reviver import Reviver
 from .trace import Tracer, get_tracer
 
@@ -132,6 +133,10 @@ class BeetleConnection:
     def tracer(self) -> Tracer:
         """Trace events of this process (a no-op unless ``trace_dir`` is set)."""
         return get_tracer(self.options.trace_dir, role="publisher")
+
+    def publisher_for(self, sub_for: Callable[[BrokerLink], BrokerChannel]) -> Publisher:
+        """A publisher over this connection's brokers, on the channels ``sub_for`` gives."""
+        return Publisher(self.options, self.brokers, self.tracer, sub_for, self.maintain)
 
     # -- channels ------------------------------------------------------------------
 

@@ -19,6 +19,23 @@ from amqp.serialization import dumps
 from .brokers import BrokerChannel
 
 _PUBLISH_SIG = pack(">HH", *spec.Basic.Publish)
+#: the most bytes a character takes in UTF-8, UTF-16 or UTF-32 (one more for a BOM)
+_MAX_BYTES_PER_CHAR = 4
+
+
+def body_size(message: amqp.Message, at_most: int) -> int:
+    """The body's length in bytes as it will be sent, exact whenever it is over ``at_most``.
+
+    A ``str`` body is encoded by py-amqp at write time; encoding a large one here just to
+    measure it would double the work, so it is measured only when its length in characters
+    cannot settle the question (every encoding takes at least one byte per character).
+    """
+    body = message.body
+    if not isinstance(body, str):
+        return len(body)
+    if (len(body) + 1) * _MAX_BYTES_PER_CHAR <= at_most:
+        return len(body)
+    return len(body.encode(message.properties.get("content_encoding") or "utf-8"))
 
 
 def write_publish(

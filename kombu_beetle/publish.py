@@ -1,5 +1,9 @@
 """Publishing: a redundant message to two brokers, everything else to one.
 
+A body over ``max_message_bytes`` is refused before anything is written, with
+:class:`~kombu_beetle.errors.MessageTooLarge`: written, it could outlast the
+socket timeout and make a healthy broker look dead.
+
 Both copies of a redundant message are written before either confirm is
 awaited, so redundancy costs one confirm round trip, not two.  A broker that
 fails (write error, confirm timeout) is marked dead and the copy goes to the
@@ -26,8 +30,8 @@ from amqp.exceptions import MessageNacked
 
 from .brokers import CAUGHT_ERRORS, BrokerChannel, BrokerLink, BrokerSet, fail_or_raise
 from .envelope import REPUBLISHED_HEADER, ensure_message_id, is_redundant, stamp_redundant
-from .errors import NoBrokerAvailable, PublishNotConfirmed
-from .frames import write_publish
+from .errors import MessageTooLarge, NoBrokerAvailable, PublishNotConfirmed
+from .frames import body_size, write_publish
 from .options import BeetleOptions
 from .trace import NullTracer, Tracer
 
@@ -130,11 +134,20 @@ class Publisher:
         timeout: float | None = None,
     ) -> list[str]:
         """Publish ``message``; return the names of the brokers that took it."""
+        self.refuse_oversized(message, exchange, routing_key)
         copies = self.choose(message, routing_key)
         while copies.more_to_try:
             batch = self.write(copies, exchange, routing_key, mandatory, immediate)
             self.await_confirms(copies, batch, timeout)
         return self.settle(copies, routing_key)
+
+    def refuse_oversized(self, message: amqp.Message, exchange: str, routing_key: str) -> None:
+        """Raise MessageTooLarge for a body over ``max_message_bytes``; no broker is touched."""
+        limit = self.options.max_message_bytes
+        size = body_size(message, limit)
+        if size > limit:
+            message_id = message.properties.get("message_id")
+            raise MessageTooLarge(size, limit, message_id, exchange, routing_key)
 
     def choose(self, message: amqp.Message, routing_key: str) -> Copies:
         """How many copies, to which brokers in which order; stamps the beetle headers."""

@@ -133,3 +133,19 @@ def test_importing_the_package_registers_the_beetle_alias():
 def test_a_malformed_url_fails_when_the_transport_is_made():
     with pytest.raises(InvalidBrokerURL):
         Connection("beetle://h1:x//").transport  # noqa: B018
+
+
+def test_max_message_bytes_defaults_to_rabbitmq_4s_max_message_size():
+    assert build_options("beetle://h1//").max_message_bytes == 16 * 1024 * 1024
+
+
+def test_max_message_bytes_comes_from_the_url_or_the_transport_options_which_win():
+    assert build_options("beetle://h1//?max_message_bytes=1024").max_message_bytes == 1024
+    options = build_options("beetle://h1//?max_message_bytes=1024", {"max_message_bytes": 2048})
+    assert options.max_message_bytes == 2048
+
+
+@pytest.mark.parametrize("value", [0, "0", -1, "-5", "1.5", 2.5, "16MB", "", None, True])
+def test_max_message_bytes_must_be_a_positive_whole_number(value):
+    with pytest.raises(InvalidTransportOption, match=r"max_message_bytes=.* whole number of bytes"):
+        build_options("beetle://h1//", {"max_message_bytes": value})

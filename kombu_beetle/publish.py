@@ -74,7 +74,7 @@ def _confirm_handler(method: Any, *args: Any) -> None:
         raise MessageNacked()
 
 
-@dataclass
+@dataclass(slots=True)
 class Copies:
     """One message on its way: the brokers to try, where it got to, what failed.
 
@@ -172,7 +172,8 @@ class Publisher:
         """Write the missing copies to the next live brokers; return those written to."""
         batch: list[tuple[BrokerLink, BrokerChannel]] = []
         candidates, message, encoded = copies.candidates, copies.message, copies.encoded
-        while len(batch) < copies.missing and copies.position < len(candidates):
+        missing = copies.missing
+        while len(batch) < missing and copies.position < len(candidates):
             link = candidates[copies.position]
             copies.position += 1
             if not link.alive:

@@ -59,6 +59,7 @@ from urllib.parse import parse_qsl, unquote
 
 from celery_beetle.facts import MAX_MESSAGE_LIFE_MS
 from celery_beetle.outcome import Limits
+from kombu_beetle.urls import mask_url, parse_host_port
 
 __all__ = [
     "DEPRECATED_OPTIONS",
@@ -342,18 +343,6 @@ _MULTI_HOST_OPTIONS = {"socket_timeout", "socket_connect_timeout", "sentinel_pas
 _DEFAULT_PORTS = {"redis": 6379, "sentinel": 26379, "cluster": 6379}
 
 
-def mask_url(url: str) -> str:
-    """The URL with its password replaced by ``***``, for logs and reprs."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    userinfo, at, hosts = rest.rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    user = userinfo.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{hosts}"
-
-
 @dataclass(frozen=True)
 class StoreAddress:
     """A parsed store URL: which client to build, and where to."""
@@ -420,13 +409,7 @@ def _userinfo(userinfo: str) -> tuple[str | None, str | None]:
 
 
 def _host_port(text: str, default_port: int, bad: Callable[[str], ValueError]) -> tuple[str, int]:
-    if text.startswith("["):  # [IPv6]:port
-        host, _, port = text[1:].partition("]")
-        port = port.removeprefix(":")
-    else:
-        host, _, port = text.partition(":")
-    if not host:
-        raise bad(f"empty host in {text!r}")
-    if port and not port.isdigit():
-        raise bad(f"port {port!r} of {host!r} is not a number")
-    return host, int(port) if port else default_port
+    try:
+        return parse_host_port(text, default_port)
+    except ValueError as exc:
+        raise bad(str(exc)) from None

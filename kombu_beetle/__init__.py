@@ -19,7 +19,7 @@ from .envelope import (
     FORMAT_HEADER,
     PUBLISHED_AT_HEADER,
 )
-from .errors import InvalidBrokerURL, InvalidTransportOption, NoBrokerAvailable
+from .errors import InvalidBrokerURL, InvalidTransportOption, MessageTooLarge, NoBrokerAvailable
 from .options import BeetleOptions, build_options, parse_url
 from .transport import Transport
 
@@ -35,6 +35,7 @@ __all__ = [
     "BeetleOptions",
     "InvalidBrokerURL",
     "InvalidTransportOption",
+    "MessageTooLarge",
     "NoBrokerAvailable",
     "Transport",
     "build_options",

@@ -29,18 +29,44 @@ LINK_ERRORS: tuple[type[BaseException], ...] = (
     *amqp.Connection.connection_errors,
     *amqp.Connection.recoverable_connection_errors,
     socket.timeout,
-    AttributeError,  # py-amqp raises it when a connection is torn down under it
 )
+
+#: what a call on a broker catches and hands to :func:`fail_or_raise`: the link errors, and
+#: ``AttributeError``, which py-amqp raises when a connection is torn down under it
+#: (``'NoneType' object has no attribute 'write'`` once its transport is gone).  Only
+#: :func:`is_link_error` may decide that such an error blames the broker.
+CAUGHT_ERRORS: tuple[type[BaseException], ...] = (*LINK_ERRORS, AttributeError)
+
+
+def torn_down(conn: Any) -> bool:
+    """True when ``conn`` has lost its transport or socket (or was never there)."""
+    if conn is None:
+        return True
+    transport = getattr(conn, "transport", None)
+    return transport is None or getattr(transport, "sock", None) is None
+
+
+def is_link_error(link: BrokerLink, exc: BaseException) -> bool:
+    """Does ``exc`` mean that ``link``'s connection is gone?
+
+    An ``AttributeError`` counts only when the connection really has been torn down:
+    on a healthy connection it is a bug (ours or a caller's), and dropping a live broker
+    for it would hide the bug behind a reconnect while the broker's deliveries are redone.
+    """
+    if isinstance(exc, AttributeError):
+        return torn_down(link.conn)
+    return isinstance(exc, LINK_ERRORS)
 
 
 def fail_or_raise(link: BrokerLink, exc: BaseException) -> None:
-    """Blame ``link`` for ``exc``, unless a consumer callback raised it (then re-raise).
+    """Blame ``link`` for ``exc``, unless the broker is not at fault (then re-raise).
 
     Deliveries are dispatched while we wait on a broker, so an error from
     application code can surface here; it must reach the caller, and the
-    broker must not be dropped for it.
+    broker must not be dropped for it.  The same goes for an ``AttributeError``
+    on a connection that is still whole (see :func:`is_link_error`).
     """
-    if getattr(exc, "_beetle_from_callback", False):
+    if getattr(exc, "_beetle_from_callback", False) or not is_link_error(link, exc):
         raise exc
     link.fail(exc)
 
@@ -62,9 +88,11 @@ class BrokerChannel(pyamqp.Channel):
             return None
         try:
             return method(*args, **kwargs)
-        except LINK_ERRORS as exc:
+        except CAUGHT_ERRORS as exc:
             if link is not None:
                 fail_or_raise(link, exc)
+            elif isinstance(exc, AttributeError) and not torn_down(self.connection):
+                raise
             return None
 
     def basic_ack(self, delivery_tag: int, multiple: bool = False, **kwargs: Any) -> Any:

@@ -1,9 +1,10 @@
 """The transport-level channel: one py-amqp channel per live broker behind it.
 
 Declarations, ``basic_qos``, ``basic_consume`` and cancels fan out to every
-broker (and are replayed on a broker that comes back); publishing is in
-:mod:`kombu_beetle.publish`; deliveries stay bound to the channel of the broker
-that delivered them, so acks and rejects go back there.
+broker (and are replayed on a broker that comes back); a
+:class:`~kombu_beetle.publish.Publisher` publishes on this channel's per-broker
+channels; deliveries stay bound to the channel of the broker that delivered
+them, so acks and rejects go back there.
 """
 
 from __future__ import annotations
@@ -12,18 +13,19 @@ import logging
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import amqp
 from kombu.transport import base, pyamqp
 from kombu.transport.base import to_rabbitmq_queue_arguments
 
-from .brokers import LINK_ERRORS, BrokerChannel, BrokerLink, fail_or_raise
+from .brokers import CAUGHT_ERRORS, BrokerChannel, BrokerLink, fail_or_raise
 from .errors import NoBrokerAvailable
-from .publish import publish
 
 if TYPE_CHECKING:
     from .connection import BeetleConnection
+    from .publish import Publisher
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +59,7 @@ class BeetleChannel(base.StdChannel):
         for link in connection.brokers.live():
             try:
                 self._sub(link)
-            except LINK_ERRORS as exc:
+            except CAUGHT_ERRORS as exc:
                 fail_or_raise(link, exc)
 
     def __repr__(self) -> str:
@@ -117,7 +119,7 @@ class BeetleChannel(base.StdChannel):
         for link in self.connection.brokers.live():
             try:
                 subs.append((link, self._sub(link)))
-            except LINK_ERRORS as exc:
+            except CAUGHT_ERRORS as exc:
                 fail_or_raise(link, exc)
         return subs
 
@@ -134,7 +136,7 @@ class BeetleChannel(base.StdChannel):
                 errors.append(exc)
                 self._subs.pop(link, None)
                 self._reopen_after_error(link)
-            except LINK_ERRORS as exc:
+            except CAUGHT_ERRORS as exc:
                 fail_or_raise(link, exc)
         if errors and (all_must_succeed or not results):
             raise errors[0]
@@ -150,7 +152,7 @@ class BeetleChannel(base.StdChannel):
             self._sub(link)
         except CHANNEL_ERRORS as exc:
             logger.error("beetle: cannot reopen channel on %s: %r", link.name, exc)
-        except LINK_ERRORS as exc:
+        except CAUGHT_ERRORS as exc:
             fail_or_raise(link, exc)
 
     # -- declarations ----------------------------------------------------------------
@@ -263,7 +265,7 @@ class BeetleChannel(base.StdChannel):
             except CHANNEL_ERRORS as exc:
                 errors.append(exc)
                 self._subs.pop(link, None)
-            except LINK_ERRORS as exc:
+            except CAUGHT_ERRORS as exc:
                 fail_or_raise(link, exc)
         if errors and len(errors) == len(subs):
             self._consumers.pop(tag, None)
@@ -291,7 +293,7 @@ class BeetleChannel(base.StdChannel):
                 sub.basic_cancel(consumer_tag)
             except CHANNEL_ERRORS:
                 self._subs.pop(link, None)
-            except LINK_ERRORS as exc:
+            except CAUGHT_ERRORS as exc:
                 fail_or_raise(link, exc)
 
     def basic_get(self, queue: str = "", no_ack: bool = False, **kwargs: Any) -> Any:
@@ -308,7 +310,7 @@ class BeetleChannel(base.StdChannel):
                 errors.append(exc)
                 self._subs.pop(link, None)
                 continue
-            except LINK_ERRORS as exc:
+            except CAUGHT_ERRORS as exc:
                 fail_or_raise(link, exc)
                 continue
             if message is not None:
@@ -370,8 +372,7 @@ class BeetleChannel(base.StdChannel):
         immediate: bool = False,
         **kwargs: Any,
     ) -> None:
-        publish(
-            self,
+        self.publisher.publish(
             message,
             exchange,
             routing_key,
@@ -380,8 +381,10 @@ class BeetleChannel(base.StdChannel):
             timeout=kwargs.get("confirm_timeout") or kwargs.get("timeout"),
         )
 
-    def sub_for(self, link: BrokerLink) -> BrokerChannel:
-        return self._sub(link)
+    @cached_property
+    def publisher(self) -> Publisher:
+        """Built at the first publish: a consumer's channel never needs one."""
+        return self.connection.publisher_for(self._sub)
 
     def close(self) -> None:
         if not self.is_open:

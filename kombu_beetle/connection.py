@@ -17,10 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from .brokers import LINK_ERRORS, BrokerLink, BrokerSet, fail_or_raise
+from .brokers import CAUGHT_ERRORS, BrokerChannel, BrokerLink, BrokerSet, fail_or_raise
 from .declarations import DeclarationLog
 from .errors import NoBrokerAvailable
 from .options import BeetleOptions
+from .publish import Publisher
 from .reviver import Reviver
 from .trace import Tracer, get_tracer
 
@@ -133,6 +134,10 @@ class BeetleConnection:
         """Trace events of this process (a no-op unless ``trace_dir`` is set)."""
         return get_tracer(self.options.trace_dir, role="publisher")
 
+    def publisher_for(self, sub_for: Callable[[BrokerLink], BrokerChannel]) -> Publisher:
+        """A publisher over this connection's brokers, on the channels ``sub_for`` gives."""
+        return Publisher(self.options, self.brokers, self.tracer, sub_for, self.maintain)
+
     # -- channels ------------------------------------------------------------------
 
     def channel(self) -> BeetleChannel:
@@ -167,7 +172,7 @@ class BeetleConnection:
             self.declarations.replay(link)
             for channel in self.channels:
                 channel.attach(link)
-        except LINK_ERRORS as exc:
+        except CAUGHT_ERRORS as exc:
             fail_or_raise(link, exc)
             return
         if self._loop is not None:
@@ -229,7 +234,7 @@ class BeetleConnection:
                 return False
             fail_or_raise(link, exc)
             return False
-        except LINK_ERRORS as exc:
+        except CAUGHT_ERRORS as exc:
             fail_or_raise(link, exc)
             return False
         return True
@@ -273,7 +278,7 @@ class BeetleConnection:
         for link in self.brokers.live():
             try:
                 link.conn.heartbeat_tick(rate=rate)  # type: ignore[union-attr]
-            except LINK_ERRORS as exc:
+            except CAUGHT_ERRORS as exc:
                 fail_or_raise(link, exc)
 
     @property

@@ -1,8 +1,10 @@
 """Errors raised by the beetle transport.
 
-They subclass kombu's so that Celery's and kombu's retry policies apply to them
-unchanged: ``NoBrokerAvailable`` is a recoverable connection error, so a publish
-with ``retry=True`` waits for a broker instead of failing at once.
+Broker trouble subclasses kombu's errors so that Celery's and kombu's retry
+policies apply to it unchanged: ``NoBrokerAvailable`` is a recoverable
+connection error, so a publish with ``retry=True`` waits for a broker instead
+of failing at once.  Bad input (a URL, an option, a message too large) is a
+``ValueError``: retrying it could never succeed.
 """
 
 from __future__ import annotations
@@ -11,16 +13,24 @@ from collections.abc import Iterable
 
 from kombu.exceptions import OperationalError
 
+from .urls import mask_url
+
 EXPECTED_URL_FORM = "beetle://USER:PASSWORD@HOST1:PORT1,HOST2:PORT2[,...]/VHOST?option=value"
 
 
 class InvalidBrokerURL(ValueError):
-    """A ``beetle://`` URL that cannot be parsed; the message shows the expected form."""
+    """A ``beetle://`` URL that cannot be parsed; the message shows the expected form.
+
+    The URL is kept and shown with its password masked: this error ends up in logs
+    and tracebacks, and a typo in a host must not publish the broker's password.
+    """
 
     def __init__(self, url: str, problem: str) -> None:
-        self.url = url
+        self.url = mask_url(url)
         self.problem = problem
-        super().__init__(f"invalid beetle URL {url!r}: {problem}; expected {EXPECTED_URL_FORM}")
+        super().__init__(
+            f"invalid beetle URL {self.url!r}: {problem}; expected {EXPECTED_URL_FORM}"
+        )
 
 
 class InvalidTransportOption(ValueError):
@@ -40,3 +50,25 @@ class NoBrokerAvailable(OperationalError):
 
 class PublishNotConfirmed(OperationalError):
     """No broker confirmed a publish within the confirm timeout (or every one nacked it)."""
+
+
+class MessageTooLarge(ValueError):
+    """A publish whose body is over ``max_message_bytes``, refused before it was sent.
+
+    A ``ValueError`` and not a kombu ``OperationalError``: Celery's publish retry must
+    not send it again (it would be just as large), and no broker is blamed for it.
+    """
+
+    def __init__(
+        self, size: int, limit: int, message_id: str | None, exchange: str, routing_key: str
+    ) -> None:
+        self.size = size
+        self.limit = limit
+        self.message_id = message_id
+        self.routing_key = routing_key
+        super().__init__(
+            f"message {message_id or '(no message_id)'} to exchange {exchange!r} with routing "
+            f"key {routing_key!r} has a {size}-byte body, over the {limit}-byte limit; nothing "
+            f"was sent. Send a smaller body (a reference to the data), or raise the transport "
+            f"option max_message_bytes (and RabbitMQ's max_message_size with it)"
+        )

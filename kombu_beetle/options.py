@@ -4,6 +4,12 @@ Options come from the URL query (``?publish_strategy=primary``) and from
 ``broker_transport_options``; the transport options win where both set one.
 Options the transport does not know are handed to py-amqp's ``Connection``
 (``read_timeout``, ``socket_settings``, ...), as the pyamqp transport does.
+
+``max_message_bytes`` (default 16 MiB, RabbitMQ 4.0's ``max_message_size``) caps
+a message's body: a larger publish is refused before any byte is written, with
+:class:`~kombu_beetle.errors.MessageTooLarge`.  Without a cap, a body too big to
+write within the socket timeout makes a healthy broker look dead; RabbitMQ 3.x
+never tells a client its own limit, so the transport keeps one of its own.
 """
 
 from __future__ import annotations
@@ -14,10 +20,13 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .errors import InvalidBrokerURL, InvalidTransportOption
+from .urls import parse_host_port
 
 DEFAULT_PORT = 5672
 DEFAULT_SSL_PORT = 5671
 PUBLISH_STRATEGIES = ("round_robin", "primary")
+#: RabbitMQ 4.0's default ``max_message_size``: 16 MiB
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 #: py-amqp ``Connection`` keyword arguments that may pass through unchanged.
 AMQP_CONNECTION_OPTIONS = frozenset(
@@ -87,6 +96,8 @@ class BeetleOptions:
     redundant_queues: frozenset[str] = frozenset()
     #: default lifetime of a redundant message (``x-beetle-expires-at``)
     message_ttl_s: float = 86400.0
+    #: largest body a publish may carry; a larger one raises MessageTooLarge, unsent
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     #: consume-only brokers, for draining an old broker while a fleet moves
     additional_subscription_brokers: tuple[BrokerAddress, ...] = ()
     trace_dir: str | None = None
@@ -164,21 +175,10 @@ def _parse_hosts(url: str, hostlist: str, default_port: int) -> tuple[BrokerAddr
         item = item.strip()
         if not item:
             raise InvalidBrokerURL(url, f"broker {index} is empty (a stray ',')")
-        if item.startswith("["):  # [ipv6]:port
-            host, _, port_part = item[1:].partition("]")
-            port_text = port_part[1:] if port_part.startswith(":") else ""
-        else:
-            host, _, port_text = item.partition(":")
-        if not host:
-            raise InvalidBrokerURL(url, f"broker {index} ({item!r}) has no host")
-        if port_text:
-            if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-                raise InvalidBrokerURL(
-                    url, f"port {port_text!r} of broker {index} ({item!r}) is not a port number"
-                )
-            port = int(port_text)
-        else:
-            port = default_port
+        try:
+            host, port = parse_host_port(item, default_port)
+        except ValueError as exc:
+            raise InvalidBrokerURL(url, f"broker {index}: {exc}") from None
         if host == "localhost":
             host = "127.0.0.1"
         address = BrokerAddress(host, port)
@@ -186,18 +186,6 @@ def _parse_hosts(url: str, hostlist: str, default_port: int) -> tuple[BrokerAddr
             raise InvalidBrokerURL(url, f"broker {address.name} is listed twice")
         brokers.append(address)
     return tuple(brokers)
-
-
-def mask_url(url: str, mask: str = "**") -> str:
-    """The URL with its password replaced by ``mask`` (for logs and ``as_uri()``)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest.split("/", 1)[0]:
-        return url
-    netloc, slash, tail = rest.partition("/")
-    userinfo, hostlist = netloc.rsplit("@", 1)
-    if ":" in userinfo:
-        userinfo = userinfo.split(":", 1)[0] + ":" + mask
-    return f"{scheme}://{userinfo}@{hostlist}{slash}{tail}"
 
 
 def _as_bool(name: str, value: Any) -> bool:
@@ -219,6 +207,15 @@ def _as_number(name: str, value: Any, minimum: float = 0.0) -> float:
     if number < minimum:
         raise InvalidTransportOption(f"transport option {name}={value!r} must be >= {minimum}")
     return number
+
+
+def _as_positive_int(name: str, value: Any) -> int:
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or int(text) < 1:
+        raise InvalidTransportOption(
+            f"transport option {name}={value!r} must be a whole number of bytes >= 1"
+        )
+    return int(text)
 
 
 def _as_names(value: Any) -> frozenset[str]:
@@ -243,6 +240,7 @@ _CONVERTERS: dict[str, tuple[str, Any]] = {
     "reconnect_max_interval": ("reconnect_max_interval_s", lambda n, v: _as_number(n, v, 0.01)),
     "redundant_queues": ("redundant_queues", lambda n, v: _as_names(v)),
     "message_ttl": ("message_ttl_s", lambda n, v: _as_number(n, v, 1)),
+    "max_message_bytes": ("max_message_bytes", _as_positive_int),
     "trace_dir": ("trace_dir", lambda n, v: str(v) or None),
     "heartbeat": ("heartbeat_s", lambda n, v: _as_number(n, v, 0)),
     "ssl": ("ssl", None),

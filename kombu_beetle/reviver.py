@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from .brokers import BrokerLink
+from .brokers import LINK_ERRORS, BrokerLink
 
 logger = logging.getLogger(__name__)
 
@@ -75,9 +75,14 @@ class Reviver:
         try:
             conn = link.connect()
         except Exception as exc:
+            # the thread must outlive any error, so nothing propagates; but an error that is
+            # not a broker's (a bug, a bad option) is logged loudly, not taken for downtime
             link.last_error = exc
             link._schedule_retry()
-            logger.debug("beetle: broker %s still down: %r", link.name, exc)
+            if isinstance(exc, LINK_ERRORS):
+                logger.debug("beetle: broker %s still down: %r", link.name, exc)
+            else:
+                logger.error("beetle: reconnecting %s failed: %r", link.name, exc, exc_info=exc)
             return
         if self._stopped.is_set():
             conn.collect()

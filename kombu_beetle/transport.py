@@ -29,6 +29,10 @@ In the URL query or ``broker_transport_options`` (the latter wins):
   ``reconnect_max_interval`` (30 s): reconnection of dead brokers, with backoff.
 * ``redundant_queues``: routing keys (queue names) always published redundantly.
 * ``message_ttl`` (86400 s): default ``x-beetle-expires-at`` of redundant messages.
+* ``max_message_bytes`` (16777216, 16 MiB, RabbitMQ 4.0's ``max_message_size``):
+  a larger body is refused before it is sent, with ``MessageTooLarge`` (a
+  ``ValueError``: not retried, no broker blamed).  Raise it together with the
+  brokers' ``max_message_size``; RabbitMQ 3.x does not tell clients its limit.
 * ``additional_subscription_brokers``: ``host:port,...`` consumed from, never
   published to (draining an old broker).
 * ``broker_options``: ``{"host:port": {py-amqp Connection kwargs}}`` per broker.
@@ -48,7 +52,8 @@ from kombu.utils.text import version_string_as_tuple
 from .channel import BeetleChannel
 from .connection import BeetleConnection
 from .errors import NoBrokerAvailable, PublishNotConfirmed
-from .options import BeetleOptions, build_options, mask_url
+from .options import BeetleOptions, build_options
+from .urls import mask_url
 
 
 class Transport(base.Transport):

@@ -237,3 +237,65 @@ def test_a_message_the_worker_moves_on_is_not_traced_as_a_new_publish(brokers, c
     flush_all()
     events = [json.loads(line) for f in tmp_path.glob("*.jsonl") for line in f.open()]
     assert [e for e in events if e["message_id"] == "m-moved"] == []
+
+
+def _publish_bytes(conn, size: int, **options) -> None:
+    Producer(conn.default_channel).publish(
+        b"x" * size,
+        exchange=QUEUE.exchange,
+        routing_key="work",
+        declare=[QUEUE],
+        content_type="application/octet-stream",
+        content_encoding="binary",
+        message_id=f"m-{size}",
+        **options,
+    )
+
+
+@pytest.mark.parametrize("redundant", [True, False], ids=["redundant", "plain"])
+@pytest.mark.parametrize("limit", [1_000, 200_000], ids=["one-frame", "over-frame-max"])
+def test_a_body_over_max_message_bytes_is_refused_unsent_and_no_broker_is_blamed(
+    brokers, connect, limit, redundant
+):
+    from kombu_beetle import MessageTooLarge
+
+    conn = connect(max_message_bytes=limit)
+    headers = {FLAGS_HEADER: 1} if redundant else {}
+    with pytest.raises(MessageTooLarge, match=f"m-{limit + 1}.*max_message_bytes"):
+        _publish_bytes(conn, limit + 1, headers=headers, retry=True)
+    assert len(conn.connection.brokers.live()) == len(brokers.nodes)
+    assert depths(brokers) == [0, 0, 0]
+    _publish_bytes(conn, limit, headers=headers)  # exactly at the limit goes through
+    assert sum(depths(brokers)) == (2 if redundant else 1)
+    bodies = [
+        body for node in brokers.nodes for _, _, body in node.get_messages(brokers.vhost, "work")
+    ]
+    assert {len(body) for body in bodies} == {limit}
+
+
+def test_the_default_limit_refuses_a_body_over_16_mib_before_writing_it(brokers, connect):
+    from kombu_beetle import MessageTooLarge
+
+    conn = connect()
+    with pytest.raises(MessageTooLarge, match="16777217-byte body, over the 16777216-byte limit"):
+        _publish_bytes(conn, 16 * 1024 * 1024 + 1, headers={FLAGS_HEADER: 1})
+    assert len(conn.connection.brokers.live()) == len(brokers.nodes)
+    assert depths(brokers) == [0, 0, 0]
+
+
+def test_celery_does_not_retry_a_task_message_over_the_limit(brokers):
+    from celery import Celery
+
+    from kombu_beetle import MessageTooLarge
+    from tests.integration.conftest import FAST
+
+    app = Celery("big", broker=brokers.beetle_url, set_as_current=False)
+    app.conf.broker_transport_options = {**FAST, "max_message_bytes": 10_000}
+    app.conf.task_default_queue = "work"
+    try:
+        with pytest.raises(MessageTooLarge, match="max_message_bytes"):
+            app.send_task("big.task", args=["x" * 20_000])
+        app.send_task("small.task", args=["x" * 100])
+    finally:
+        app.close()
+    assert sum(depths(brokers)) == 1

@@ -7,7 +7,7 @@ from kombu import Connection
 
 import kombu_beetle
 from kombu_beetle.errors import InvalidBrokerURL, InvalidTransportOption
-from kombu_beetle.options import BrokerAddress, build_options, mask_url, parse_url
+from kombu_beetle.options import BrokerAddress, build_options, parse_url
 
 
 def test_url_lists_brokers_credentials_and_vhost():
@@ -47,10 +47,11 @@ def test_url_without_hosts_means_the_local_broker():
     [
         ("amqp://h1:5672//", "scheme must be 'beetle'"),
         ("h1:5672", "missing the 'beetle://' scheme"),
-        ("beetle://guest:guest@h1:56x2,h2:5672//", "port '56x2' of broker 1"),
+        ("beetle://guest:guest@h1:56x2,h2:5672//", "broker 1: port '56x2' of 'h1'"),
         ("beetle://guest:guest@h1:5672,,h2:5672//", "broker 2 is empty"),
         ("beetle://guest:guest@h1:5672,h1:5672//", "listed twice"),
-        ("beetle://guest:guest@h1:99999//", "is not a port number"),
+        ("beetle://guest:guest@h1:99999//", "is not a number from 1 to 65535"),
+        ("beetle://guest:guest@::1:5672//", "write it as [ipv6]:port"),
         ("beetle://guest:guest@:5672//", "has no host"),
         ("beetle://h1:5672;h2:5672//", "separate brokers with ','"),
         ("beetle://h1:5672//?bogus=1", "unknown option(s) bogus"),
@@ -105,10 +106,23 @@ def test_subscription_only_brokers_are_consumed_but_not_published_to():
 def test_password_is_masked_in_repr_and_uri():
     options = build_options("beetle://bob:hunter2@h1,h2/v")
     assert "hunter2" not in repr(options)
-    assert mask_url("beetle://bob:hunter2@h1:1,h2:2/v?x=1") == "beetle://bob:**@h1:1,h2:2/v?x=1"
     conn = Connection("beetle://bob:hunter2@h1:5672,h2:5672/v")
     assert conn.as_uri() == "beetle://bob:**@h1:5672,h2:5672/v"
     assert "hunter2" in conn.as_uri(include_password=True)
+
+
+def test_a_bad_url_error_does_not_show_the_password():
+    with pytest.raises(InvalidBrokerURL) as info:
+        build_options("beetle://bob:hunter2@h1:56x2/v")
+    assert "hunter2" not in str(info.value) and "hunter2" not in info.value.url
+    assert "beetle://bob:***@h1:56x2/v" in str(info.value)
+
+
+def test_ipv6_brokers_are_written_in_brackets():
+    assert parse_url("beetle://[::1]:5673,[fe80::2]/v").brokers == (
+        BrokerAddress("::1", 5673),
+        BrokerAddress("fe80::2", 5672),
+    )
 
 
 def test_importing_the_package_registers_the_beetle_alias():
@@ -119,3 +133,19 @@ def test_importing_the_package_registers_the_beetle_alias():
 def test_a_malformed_url_fails_when_the_transport_is_made():
     with pytest.raises(InvalidBrokerURL):
         Connection("beetle://h1:x//").transport  # noqa: B018
+
+
+def test_max_message_bytes_defaults_to_rabbitmq_4s_max_message_size():
+    assert build_options("beetle://h1//").max_message_bytes == 16 * 1024 * 1024
+
+
+def test_max_message_bytes_comes_from_the_url_or_the_transport_options_which_win():
+    assert build_options("beetle://h1//?max_message_bytes=1024").max_message_bytes == 1024
+    options = build_options("beetle://h1//?max_message_bytes=1024", {"max_message_bytes": 2048})
+    assert options.max_message_bytes == 2048
+
+
+@pytest.mark.parametrize("value", [0, "0", -1, "-5", "1.5", 2.5, "16MB", "", None, True])
+def test_max_message_bytes_must_be_a_positive_whole_number(value):
+    with pytest.raises(InvalidTransportOption, match=r"max_message_bytes=.* whole number of bytes"):
+        build_options("beetle://h1//", {"max_message_bytes": value})

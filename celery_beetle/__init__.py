@@ -22,12 +22,13 @@ from __future__ import annotations
 from typing import Any
 
 from celery_beetle.settings import BeetleSettings, mask_url, parse_store_url
-from celery_beetle.task import AttemptsExhausted, BeetleTask
+from celery_beetle.task import AttemptsExhausted, BeetleTask, DeadLettered
 
 __all__ = [
     "AttemptsExhausted",
     "BeetleSettings",
     "BeetleTask",
+    "DeadLettered",
     "install",
     "mask_url",
     "parse_store_url",

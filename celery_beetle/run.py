@@ -34,7 +34,7 @@ from celery.exceptions import Ignore, Reject, Retry
 from celery_beetle.deadletter import dead_letter_headers, publish_dead_letter
 from celery_beetle.facts import FACTS_HEADER, facts_from_headers, message_facts
 from celery_beetle.lease import LeaseKeeper
-from celery_beetle.outcome import Claim, Failure, GiveUpReason
+from celery_beetle.outcome import Claim, ClaimDecision, Failure, GiveUpReason
 from celery_beetle.redis_health import call_until_stored, store_unavailable
 from celery_beetle.retry_queue import RawMessage, publish_delayed, raw_message_from_request
 from celery_beetle.settings import BeetleSettings
@@ -49,7 +49,6 @@ __all__ = [
     "AttemptsExhausted",
     "DeadLettered",
     "HandBack",
-    "LeaseLost",
     "Run",
     "process_store",
     "request_facts",
@@ -98,10 +97,6 @@ class HandBack(Reject):
             "store": self.store,
             "owner": self.owner,
         }
-
-
-class LeaseLost(Exception):
-    """Another worker took the message over after this run's lease ran out."""
 
 
 _stores: dict[tuple[Any, ...], RedisStore] = {}
@@ -239,7 +234,7 @@ class Run:
         self._dead_letter(reason, given_up, claim.attempt, claim.exceptions)
         raise given_up
 
-    def _send_claim(self) -> Any:
+    def _send_claim(self) -> ClaimDecision:
         """The claim, retried under this run's owner for :data:`CLAIM_RETRY_S` (a retry
         after a lost reply gets this run's lease back, not a second attempt); then the
         delivery is handed back."""

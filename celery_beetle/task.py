@@ -54,7 +54,7 @@ from celery import Task
 from celery.worker.request import Request
 
 from celery_beetle.facts import COMPLETED_MARK, FACTS_HEADER, HANDBACK_MARK
-from celery_beetle.run import AttemptsExhausted, HandBack, Run
+from celery_beetle.run import AttemptsExhausted, DeadLettered, HandBack, Run
 from celery_beetle.settings import DEPRECATED_OPTIONS, TASK_OPTIONS, BeetleSettings, take_deprecated
 from kombu_beetle.envelope import FLAG_REDUNDANT, FLAGS_HEADER
 
@@ -62,6 +62,7 @@ __all__ = [
     "AttemptsExhausted",
     "BeetleRequest",
     "BeetleTask",
+    "DeadLettered",
     "is_beetle_task",
     "message_id_for",
     "resolve_settings",

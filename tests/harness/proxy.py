@@ -3,6 +3,8 @@
 Killing a broker closes its sockets cleanly from the kernel's side; real outages are often worse:
 a switch drops the link (connections reset, new ones refused) or a host freezes (connections stay
 open and nothing moves). `cut()` and `stall()` give those two faults; `restore()` heals both.
+`hold_replies()` forwards requests but holds every reply: the server applies a command whose
+reply never reaches a client that gives up waiting, which is how a reply gets lost.
 
 One thread runs a selectors loop. Control calls are queued to that thread and return once it has
 applied them, so after `cut()` returns every connection through the proxy is already reset.
@@ -56,7 +58,7 @@ class TcpProxy:
         self.target = (target_host, target_port)
         self.connect_timeout = connect_timeout
         self.port = 0
-        self.state = "closed"  # forwarding | stalled | cut | closed
+        self.state = "closed"  # forwarding | holding | stalled | cut | closed
         self._selector = selectors.DefaultSelector()
         self._listener: socket.socket | None = None
         self._links: dict[socket.socket, _Link] = {}
@@ -103,6 +105,10 @@ class TcpProxy:
         New connections complete their TCP handshake (the kernel does that) but get no bytes.
         """
         self._call(self._do_stall)
+
+    def hold_replies(self) -> None:
+        """Forward client bytes to the server, but hold the server's bytes until `restore()`."""
+        self._call(self._do_hold)
 
     def restore(self) -> None:
         """Forward again: stalled bytes flow on; after a cut, new connections are accepted."""
@@ -217,11 +223,14 @@ class TcpProxy:
         """Register what each socket of `link` waits for; nothing at all while stalled."""
         for sock in (link.client, link.upstream):
             mask = 0
-            if self.state == "forwarding":
+            if self.state in ("forwarding", "holding"):
+                # holding: nothing read from the server, nothing written to the client
+                held = self.state == "holding"
                 # Read only when the bytes read before have been written on (backpressure).
-                if sock not in link.read_done and not link.pending[link.peer(sock)]:
+                readable = sock not in link.read_done and not link.pending[link.peer(sock)]
+                if readable and not (held and sock is link.upstream):
                     mask |= selectors.EVENT_READ
-                if link.pending[sock]:
+                if link.pending[sock] and not (held and sock is link.client):
                     mask |= selectors.EVENT_WRITE
             registered = sock in self._selector.get_map()
             if mask and registered:
@@ -268,6 +277,13 @@ class TcpProxy:
             return
         self.state = "stalled"
         self._set_listening(False)
+        for link in list(self._links.values()):
+            self._update(link)
+
+    def _do_hold(self) -> None:
+        if self.state != "forwarding":
+            return
+        self.state = "holding"
         for link in list(self._links.values()):
             self._update(link)
 

@@ -1,0 +1,74 @@
+"""A dead letter that cannot be stored: the message is handed back, never acked without it.
+
+``<queue>.dead`` declared beforehand with other arguments makes every worker's declaration
+of it fail (PRECONDITION_FAILED), so no dead letter can be published. The message must stay
+on its broker until the dead-letter queue works again, and then be dead-lettered once.
+"""
+
+from __future__ import annotations
+
+import json
+
+from tests.exactly_once.conftest import counts
+from tests.exactly_once.poison import (
+    celery_queue_empty,
+    dead_letter_count,
+    publish_raw,
+    take_dead_letters,
+    worker_restarted,
+)
+from tests.harness.waiting import wait_until
+
+NO_GRACE = {"BEETLE_TEST_CONF": json.dumps({"beetle_unknown_task_grace": 0})}
+
+
+def _block_dead_letters(brokers) -> None:
+    for node in brokers.nodes:
+        with node.connect(brokers.vhost) as connection:
+            connection.channel().queue_declare(
+                "celery.dead", durable=True, arguments={"x-max-length": 1_000_000}
+            )
+
+
+def _unblock_dead_letters(brokers) -> None:
+    for node in brokers.nodes:
+        with node.connect(brokers.vhost) as connection:
+            connection.channel().queue_delete("celery.dead")
+
+
+def _held(brokers) -> int:
+    return sum(sum(n.queue_depths(brokers.vhost).get("celery", (0, 0))) for n in brokers.nodes)
+
+
+def test_bad_input_whose_dead_letter_fails_stays_queued_until_it_is_stored_once(brokers, eo_worker):
+    _block_dead_letters(brokers)
+    worker = eo_worker(extra_env=NO_GRACE)
+    task_id = publish_raw(
+        brokers.nodes[0], brokers.vhost, body=b"{not json", message_id="garbled-1"
+    )
+    assert wait_until(lambda: "could not dead-letter" in worker.log_text(), timeout=15)
+    assert _held(brokers) == 1, "handed back, not acked"
+    _unblock_dead_letters(brokers)
+    assert wait_until(lambda: dead_letter_count(brokers) == 1, timeout=30)
+    assert wait_until(lambda: celery_queue_empty(brokers), timeout=15)
+    dead = take_dead_letters(brokers)
+    assert [h["x-beetle-dead-reason"] for h in dead[task_id]] == ["undecodable"]
+    assert worker.alive() and worker_restarted(worker.log_text()) == []
+
+
+def test_a_give_up_whose_dead_letter_fails_is_dead_lettered_once_it_can_be(
+    brokers, client, eo_worker
+):
+    _block_dead_letters(brokers)
+    worker = eo_worker()
+    result = client().tasks["eo.picky"].delay(501)  # not worth a retry: dead-letters at once
+    assert wait_until(lambda: "could not dead-letter" in worker.log_text(), timeout=15)
+    assert _held(brokers) >= 1, "handed back, not acked"
+    _unblock_dead_letters(brokers)
+    # the run that gave up owns the dead letter for 30 s; then a copy's worker publishes it
+    assert wait_until(lambda: dead_letter_count(brokers) == 1, timeout=50)
+    assert wait_until(lambda: celery_queue_empty(brokers), timeout=15)
+    dead = take_dead_letters(brokers)
+    assert [h["x-beetle-dead-reason"] for h in dead[result.id]] == ["not_retryable"]
+    assert counts([worker], "start") == {501: 1}, "the body ran once"
+    assert worker.alive()

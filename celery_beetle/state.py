@@ -3,8 +3,9 @@
 One record per ``(scope, message_id)``, held by the store (one Redis hash; a dict in the
 fake). The scope is the logical queue (:mod:`kombu_beetle.scopes`): by default the name of
 the queue the message was consumed from; several physical queues may share one. The record's
-key is :func:`celery_beetle.keys.record_key`. It lives apart from :mod:`celery_beetle.outcome` so the decision rules read on
-their own and the store modules share one description of the fields.
+key is :func:`celery_beetle.keys.record_key`. It lives apart from
+:mod:`celery_beetle.outcome` so the decision rules read on their own and the store modules
+share one description of the fields.
 
 Redis field names are one letter, because Redis keeps a small hash as a listpack whose size
 is the sum of its field names and values: short names keep an in-flight message under

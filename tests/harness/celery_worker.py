@@ -1,8 +1,8 @@
 """A Celery worker in a subprocess, as tests and chaos scenarios need it: killable by pid.
 
 The worker runs ``celery -A <app module> worker`` from the repository root (or ``root``, a
-checkout of another commit: a rolling deploy's older version) with the given environment; tests read what it did from files its tasks append to, never from the code
-under test.
+checkout of another commit: a rolling deploy's older version) with the given environment;
+tests read what it did from files its tasks append to, never from the code under test.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ exactly one ``:`` between its braces, so it splits one way; a B or C key ends wi
 its SHA-256, whose collisions are not a practical concern). Form A is today's key, so a
 worker of the previous version and one of this version share the record of every message
 whose names are plain (a Celery queue and a UUID id): a rolling deploy changes nothing for
-them. A key is at most ``len(prefix) + 255 + 1 + 200 + 5`` characters.
+them. A key is at most ``len(prefix) + 462`` characters (a scope of 255).
 
 Form A excludes ids with ``:`` so that the old key of a B or C message (``<prefix>{<scope>:
 <id>}``, with the ``:`` inside the scope or the id) is never the A key of another message:

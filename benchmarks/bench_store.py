@@ -119,7 +119,7 @@ def measure_memory(store: RedisStore, messages: int) -> tuple[float, float, floa
 def _average_usage(store: RedisStore, facts: list[MessageFacts]) -> float:
     pipe = store.client.pipeline(transaction=False)
     for f in facts:
-        pipe.memory_usage(store.key(f.queue, f.message_id), samples=0)
+        pipe.memory_usage(store.key(f.scope, f.message_id), samples=0)
     sizes = pipe.execute()
     return sum(sizes) / len(sizes)
 

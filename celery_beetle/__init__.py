@@ -43,7 +43,8 @@ def install(app: Any) -> Any:
     first message), registers the ``beetle://`` transport, and flushes trace events when a
     pool process exits. With ``beetle_trace_dir`` set (before this call) and a ``beetle://``
     broker, publishers trace too (the transport's ``trace_dir`` option), so the audit sees
-    both ends. Calling it twice is harmless.
+    both ends; ``beetle_dedup_scopes`` goes to the transport's ``dedup_scopes`` likewise, so
+    that both ends name a message by the same scope. Calling it twice is harmless.
     """
     from celery.signals import worker_process_shutdown
 
@@ -53,20 +54,28 @@ def install(app: Any) -> Any:
     if getattr(app, "_beetle_installed", False):
         return app
     app.steps["consumer"].add(BeetleGateStep)
-    _trace_publishes(app)
+    _configure_transport(app)
     worker_process_shutdown.connect(_flush_traces, weak=False)
     app._beetle_installed = True
     return app
 
 
-def _trace_publishes(app: Any) -> None:
-    """Hand ``beetle_trace_dir`` to the transport, unless its own ``trace_dir`` is set."""
-    trace_dir = app.conf.get("beetle_trace_dir")
+def _configure_transport(app: Any) -> None:
+    """Hand ``beetle_trace_dir`` and ``beetle_dedup_scopes`` to the transport (as
+    ``trace_dir`` and ``dedup_scopes``), unless its own options set them."""
     broker_url = str(app.conf.get("broker_url") or "")
-    if not trace_dir or not broker_url.startswith("beetle://"):
+    if not broker_url.startswith("beetle://"):
+        return
+    given = {
+        "trace_dir": app.conf.get("beetle_trace_dir"),
+        "dedup_scopes": app.conf.get("beetle_dedup_scopes"),
+    }
+    given = {name: value for name, value in given.items() if value}
+    if not given:
         return
     options = dict(app.conf.get("broker_transport_options") or {})
-    options.setdefault("trace_dir", trace_dir)
+    for name, value in given.items():
+        options.setdefault(name, value)
     app.conf.broker_transport_options = options
 
 

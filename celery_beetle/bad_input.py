@@ -19,13 +19,14 @@ from __future__ import annotations
 import enum
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery_beetle.facts import InvalidHeader, message_facts
 from celery_beetle.handback import ack
 from celery_beetle.redis_health import store_unavailable
 from celery_beetle.store import Store
+from kombu_beetle.scopes import scope_of
 
 __all__ = ["BadInput", "BadInputHandling", "DeadLetter"]
 
@@ -55,6 +56,7 @@ class BadInputHandling:
     store: Store
     dead_letter: DeadLetter
     queue_of: Callable[[Any], str]
+    scopes: Mapping[str, str]
     clock: Callable[[], int]
     message_ttl_ms: int
     unknown_task_grace_ms: int
@@ -82,7 +84,8 @@ class BadInputHandling:
             detail[:300],
             shown,
         )
-        key = (queue, str((message.properties or {}).get("message_id") or id(message))[:200])
+        message_id = str((message.properties or {}).get("message_id") or id(message))
+        key = (scope_of(self.scopes, queue), message_id[:200])
         try:
             wait_s = self.dead_letter(message, queue, reason, detail)
         except Exception as exc:
@@ -115,13 +118,15 @@ class BadInputHandling:
         headers = message.headers if message.headers is not None else {}
         now = self.clock()
         try:
-            facts = message_facts(queue, message_id, headers, self.message_ttl_ms, now)
+            facts = message_facts(
+                queue, message_id, headers, self.message_ttl_ms, now, scope_of(self.scopes, queue)
+            )
         except InvalidHeader as exc:
             return self._bad_input(
                 message, queue, task_name, BadInput.INVALID_HEADER.value, str(exc)
             )
         if self.paused:
-            return self._hand_back(message, (queue, message_id))
+            return self._hand_back(message, facts.identity)
         try:
             first = self.store.first_seen(facts, self.unknown_task_grace_ms + self.message_ttl_ms)
         except Exception as exc:
@@ -129,7 +134,7 @@ class BadInputHandling:
                 self._pause(exc)
             else:
                 logger.error("beetle: cannot tell when %s was first seen", message_id, exc_info=exc)
-            return self._hand_back(message, (queue, message_id))
+            return self._hand_back(message, facts.identity)
         waited = now - first
         if waited >= self.unknown_task_grace_ms:
             return self._bad_input(message, queue, task_name, reason, detail)
@@ -141,4 +146,4 @@ class BadInputHandling:
             waited / 1000,
             self.unknown_task_grace_ms / 1000,
         )
-        return self._hand_back(message, (queue, message_id))
+        return self._hand_back(message, facts.identity)

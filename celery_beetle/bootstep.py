@@ -135,6 +135,7 @@ class BeetleGateStep(bootsteps.StartStopStep):
                 c, message, queue, reason, detail
             ),
             queue_of=lambda message: self.queue_of(c, message),
+            scopes=settings.dedup_scopes,
             probe=self.probe,
             tracer=get_tracer(settings.trace_dir, role="worker"),
             message_ttl_ms=settings.message_ttl_ms,
@@ -179,6 +180,7 @@ class BeetleGateStep(bootsteps.StartStopStep):
                     message.headers,
                     self.settings.message_ttl_ms,
                     wall_clock_ms(),
+                    self.settings.scope_of(queue),
                 )
                 decision = store.reject(facts, reason, self.owner)
             except InvalidHeader:
@@ -199,7 +201,7 @@ class BeetleGateStep(bootsteps.StartStopStep):
                     return None
                 if decision.outcome is Rejected.WAIT:
                     return decision.delay_ms / 1000
-        dead_letter_delivery(c.app, message, queue, reason, detail)
+        dead_letter_delivery(c.app, message, queue, reason, detail, self.settings.scope_of(queue))
         if facts is not None and store is not None:
             try:
                 store.dead_lettered(facts)
@@ -269,12 +271,13 @@ def gated_strategy(strategy: Any, task_name: str, gate: DeliveryGate, consumer: 
     return beetle_strategy
 
 
-def dead_letter_delivery(app: Any, message: Any, queue: str, reason: str, detail: str) -> None:
+def dead_letter_delivery(
+    app: Any, message: Any, queue: str, reason: str, detail: str, scope: str | None = None
+) -> None:
     """Publish a delivery the gate cannot take to ``<queue>.dead`` (main process)."""
     raw = RawMessage.from_delivery(message)
-    headers = dead_letter_headers(
-        reason, queue, detail=detail, worker=f"{socket.gethostname()}:{os.getpid()}"
-    )
+    worker = f"{socket.gethostname()}:{os.getpid()}"
+    headers = dead_letter_headers(reason, queue, detail=detail, worker=worker, scope=scope)
     with app.producer_or_acquire() as producer:
         publish_dead_letter(producer, raw, queue, headers)
 

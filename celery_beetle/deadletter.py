@@ -11,6 +11,9 @@ added, so an operator can see why without reading worker logs:
 ``x-beetle-dead-reason``     ``attempts_limit``, ``exceptions_limit``, ``not_retryable``,
                              ``no_message_id``, ``undecodable``, ``unknown_task``
 ``x-beetle-dead-queue``      the queue it was consumed from (where a replay sends it)
+``x-beetle-dead-scope``      its dedup scope (:mod:`kombu_beetle.scopes`): with
+                             ``message_id``, the record a replay is deduplicated under,
+                             also after a migration moved the scope to another queue
 ``x-beetle-dead-exception``  the exception's type (module-qualified) and
 ``x-beetle-dead-message``    its message (at most 1000 characters)
 ``x-beetle-dead-traceback``  the last frames, one ``file:line in function`` per line
@@ -43,6 +46,7 @@ DEAD_HEADERS = tuple(
     for name in (
         "reason",
         "queue",
+        "scope",
         "exception",
         "message",
         "traceback",
@@ -71,11 +75,14 @@ def dead_letter_headers(
     exceptions: int | None = None,
     worker: str | None = None,
     now_ms: int | None = None,
+    scope: str | None = None,
 ) -> dict[str, Any]:
-    """The ``x-beetle-dead-*`` headers for a message given up for ``reason``."""
+    """The ``x-beetle-dead-*`` headers for a message from ``queue`` given up for ``reason``
+    (``scope``: its dedup scope, None for the queue's name)."""
     headers: dict[str, Any] = {
         PREFIX + "reason": reason,
         PREFIX + "queue": queue,
+        PREFIX + "scope": scope or queue,
         PREFIX + "at": now_ms if now_ms is not None else time.time_ns() // 1_000_000,
         PREFIX + "worker": worker or f"{socket.gethostname()}:{os.getpid()}",
     }

@@ -2,7 +2,13 @@
 
 The gate works these facts out once, in the main process, and writes them into the
 delivery's headers under :data:`FACTS_HEADER` (Celery copies message headers into
-``task.request``), so the claim in the pool uses the same queue, ``message_id`` and expiry.
+``task.request``), so the claim in the pool uses the same queue, scope, ``message_id`` and
+expiry.
+
+The identity is ``(scope, message_id)``. The scope is the logical queue
+(:mod:`kombu_beetle.scopes`): the consumed queue's name, or what ``beetle_dedup_scopes``
+maps it to. The physical queue stays in the facts too, because a retry and a dead letter go
+back to (and are named after) the queue the message was consumed from.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ __all__ = [
     "MAX_MESSAGE_LIFE_MS",
     "InvalidHeader",
     "facts_from_headers",
+    "facts_header",
     "message_facts",
 ]
 
@@ -38,7 +45,8 @@ MAX_MESSAGE_ID_LENGTH = 1024
 #: ns by mistake) is cut to this, so that every record keeps a TTL Redis can hold.
 MAX_MESSAGE_LIFE_MS = MAX_MESSAGE_LIFE_S * 1000
 
-#: Header the gate adds to a delivery for the pool: ``{"queue", "message_id", "expires_at_ms"}``.
+#: Header the gate adds to a delivery for the pool:
+#: ``{"queue", "scope", "message_id", "expires_at_ms"}`` (no ``scope``: the queue's name).
 #: It is stripped again before a message is republished (retry, dead letter).
 FACTS_HEADER = "beetle_facts"
 #: Set in that header by :class:`~celery_beetle.task.BeetleRequest` when the run
@@ -67,9 +75,11 @@ def message_facts(
     headers: dict[str, Any] | None,
     default_ttl_ms: int,
     now_ms: int,
+    scope: str | None = None,
 ) -> MessageFacts:
-    """The dedup identity and expiry of a delivery; :class:`InvalidHeader` if a header
-    holds what no publisher of this project writes.
+    """The dedup identity and expiry of a delivery from ``queue``, deduplicated under
+    ``scope`` (None: the queue's name); :class:`InvalidHeader` if a header holds what no
+    publisher of this project writes.
 
     The expiry is ``x-beetle-expires-at`` (unix seconds) when the transport stamped one;
     otherwise (a non-redundant BeetleTask) the publish time, or now, plus the default TTL.
@@ -102,7 +112,19 @@ def message_facts(
             MAX_MESSAGE_LIFE_MS // 86_400_000,
         )
         expires_at_ms = latest
-    return MessageFacts(queue=queue, message_id=message_id, expires_at_ms=expires_at_ms)
+    return MessageFacts(
+        queue=queue, message_id=message_id, expires_at_ms=expires_at_ms, scope=scope or queue
+    )
+
+
+def facts_header(facts: MessageFacts) -> dict[str, Any]:
+    """What the gate writes under :data:`FACTS_HEADER` for the pool."""
+    return {
+        "queue": facts.queue,
+        "scope": facts.scope,
+        "message_id": facts.message_id,
+        "expires_at_ms": facts.expires_at_ms,
+    }
 
 
 def facts_from_headers(value: Any) -> MessageFacts | None:
@@ -114,6 +136,7 @@ def facts_from_headers(value: Any) -> MessageFacts | None:
             queue=str(value["queue"]),
             message_id=str(value["message_id"]),
             expires_at_ms=int(value["expires_at_ms"]),
+            scope=str(value.get("scope") or ""),
         )
     except (KeyError, TypeError, ValueError, OverflowError):
         return None

@@ -55,9 +55,10 @@ class FakeStore(Store):
     def __repr__(self) -> str:
         return f"<FakeStore {len(self.records)} records prefix={self.key_prefix!r}>"
 
-    def peek(self, queue: str, message_id: str) -> State | None:
+    def peek(self, scope: str, message_id: str) -> State | None:
         self.round_trips += 1
-        return self._get(self.key(queue, message_id), self.clock())
+        now = self.clock()
+        return self._get(self._record_key(scope, message_id, now), now)
 
     def claim(self, facts: MessageFacts, limits: Limits, owner: str) -> ClaimDecision:
         owner = owner[:MAX_OWNER_LENGTH]
@@ -95,18 +96,23 @@ class FakeStore(Store):
 
     def first_seen(self, facts: MessageFacts, keep_ms: int) -> int:
         self.round_trips += 1
-        return self.seen.setdefault(self.key(facts.queue, facts.message_id), self.clock())
+        now = self.clock()
+        return self.seen.setdefault(self._record_key(facts.scope, facts.message_id, now), now)
 
-    def forget(self, queue: str, message_id: str) -> bool:
+    def forget(self, scope: str, message_id: str) -> bool:
         self.round_trips += 1
-        key = self.key(queue, message_id)
-        existed = self._get(key, self.clock()) is not None
-        self.records.pop(key, None)
+        now = self.clock()
+        existed = False
+        for key in (self.key(scope, message_id), self.legacy_key(scope, message_id)):
+            if key is not None:
+                existed = self._get(key, now) is not None or existed
+                self.records.pop(key, None)
         return existed
 
-    def ttl_ms(self, queue: str, message_id: str) -> int | None:
+    def ttl_ms(self, scope: str, message_id: str) -> int | None:
         self.round_trips += 1
-        key, now = self.key(queue, message_id), self.clock()
+        now = self.clock()
+        key = self._record_key(scope, message_id, now)
         if self._get(key, now) is None:
             return None
         return self.records[key][1] - now
@@ -116,11 +122,21 @@ class FakeStore(Store):
     ) -> D:
         """One "script": read, decide by the pure rule, write what it says, as Lua does."""
         self.round_trips += 1
-        key, now = self.key(facts.queue, facts.message_id), self.clock()
+        now = self.clock()
+        key = self._record_key(facts.scope, facts.message_id, now)
         decision, state = rule(self._get(key, now), now)
         if state is not None:
             self.records[key] = (state, now + key_ttl_ms(state, now, self.ttl_margin_ms))
         return decision
+
+    def _record_key(self, scope: str, message_id: str, now: int) -> str:
+        """The key the record is under: its own, or (as ``scripts/record.lua`` decides) its
+        old key while only a worker of the previous version has written it."""
+        key = self.key(scope, message_id)
+        old = self.legacy_key(scope, message_id)
+        if old is not None and self._get(key, now) is None and self._get(old, now) is not None:
+            return old
+        return key
 
     def _get(self, key: str, now: int) -> State | None:
         record = self.records.get(key)

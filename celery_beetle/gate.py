@@ -56,26 +56,39 @@ gate a timer, the prefetch QoS, a dead-letter publisher and the task strategy to
 tests give it fakes and a :class:`~celery_beetle.fake_store.FakeStore`.
 
 The gate writes its findings for the pool into the delivery's headers (see
-:mod:`celery_beetle.facts`), so the claim in the pool uses the same queue, ``message_id``
-and expiry as the gate did.
+:mod:`celery_beetle.facts`), so the claim in the pool uses the same queue, scope,
+``message_id`` and expiry as the gate did.
+
+A delivery's identity is ``(scope, message_id)``: the scope of the queue it came from
+(``scopes``, from ``beetle_dedup_scopes``; the queue's own name by default). Copies that share
+it are one message wherever they came from, so a copy in an old and one in a new queue of a
+migration wait for each other as the two copies of one queue do, and run once. Trace events
+name the scope in their ``queue`` field, as the audit's identity is the same pair.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from celery_beetle.bad_input import BadInput, BadInputHandling, DeadLetter
-from celery_beetle.facts import COMPLETED_MARK, FACTS_HEADER, InvalidHeader, message_facts
+from celery_beetle.facts import (
+    COMPLETED_MARK,
+    FACTS_HEADER,
+    InvalidHeader,
+    facts_header,
+    message_facts,
+)
 from celery_beetle.handback import HandBacks, ack, channel_open
 from celery_beetle.outcome import Gate as Verdict
 from celery_beetle.outcome import GateDecision, decide_gate
 from celery_beetle.redis_health import store_unavailable
 from celery_beetle.state import MessageFacts, State, Status
 from celery_beetle.store import Store, wall_clock_ms
+from kombu_beetle.scopes import scope_of
 from kombu_beetle.trace import NullTracer
 
 __all__ = ["BadInput", "DeadLetter", "DeliveryGate"]
@@ -104,7 +117,7 @@ class Delivery:
 
     @property
     def key(self) -> tuple[str, str]:
-        return (self.facts.queue, self.facts.message_id)
+        return self.facts.identity
 
 
 @dataclass
@@ -118,6 +131,7 @@ class DeliveryGate(BadInputHandling):
       dead-letter queue once per message (see :data:`DeadLetter`); the gate acks it after.
     - ``queue_of(message)``: the queue a delivery was consumed from.
     - ``probe()``: True once Redis answers again (used while paused).
+    - ``scopes``: ``{queue: dedup scope}``; a queue it does not name is its own scope.
     """
 
     store: Store
@@ -127,6 +141,7 @@ class DeliveryGate(BadInputHandling):
     queue_of: Callable[[Any], str]
     probe: Callable[[], bool]
     tracer: Any = field(default_factory=NullTracer)
+    scopes: Mapping[str, str] = field(default_factory=dict)
     message_ttl_ms: int = 86_400_000
     clock: Callable[[], int] = wall_clock_ms
     #: a copy deferred under a running lease is looked at again after this, then doubling
@@ -184,11 +199,14 @@ class DeliveryGate(BadInputHandling):
         properties = message.properties or {}
         headers = message.headers if message.headers is not None else {}
         message_id = properties.get("message_id")
-        self._trace("delivered", str(message_id or "")[:200], queue, task_name, message)
+        scope = scope_of(self.scopes, queue)
+        self._trace("delivered", str(message_id or "")[:200], scope, task_name, message)
         if not message_id:
             return self._bad_input(message, queue, task_name, BadInput.NO_MESSAGE_ID.value, "")
         try:
-            facts = message_facts(queue, message_id, headers, self.message_ttl_ms, self.clock())
+            facts = message_facts(
+                queue, message_id, headers, self.message_ttl_ms, self.clock(), scope
+            )
         except InvalidHeader as exc:
             return self._bad_input(
                 message, queue, task_name, BadInput.INVALID_HEADER.value, str(exc)
@@ -197,11 +215,7 @@ class DeliveryGate(BadInputHandling):
             message.payload  # noqa: B018 (decodes once; Celery reuses the cached result)
         except Exception as exc:
             return self._bad_input(message, queue, task_name, BadInput.UNDECODABLE.value, repr(exc))
-        headers[FACTS_HEADER] = {
-            "queue": facts.queue,
-            "message_id": facts.message_id,
-            "expires_at_ms": facts.expires_at_ms,
-        }
+        headers[FACTS_HEADER] = facts_header(facts)
         body = getattr(message, "body", b"")
         size = len(body) if isinstance(body, (bytes, str)) else 0
         delivery = Delivery(message, task_name, facts, start, self.generation, size=size)
@@ -258,7 +272,7 @@ class DeliveryGate(BadInputHandling):
         logger.error(
             "beetle: cannot gate %s (%s, %s); handing it back",
             d.task_name,
-            d.facts.queue,
+            d.facts.scope,
             d.facts.message_id[:100],
             exc_info=exc,
         )
@@ -412,7 +426,7 @@ class DeliveryGate(BadInputHandling):
     def _drop(self, d: Delivery, event: str, status: Any = None) -> str:
         self.stats[event] += 1
         detail = {"status": status.value} if status is not None else None
-        self._trace(event, d.facts.message_id, d.facts.queue, d.task_name, d.message, detail)
+        self._trace(event, d.facts.message_id, d.facts.scope, d.task_name, d.message, detail)
         ack(d.message)
         return event
 
@@ -439,7 +453,7 @@ class DeliveryGate(BadInputHandling):
         d.rechecks += 1
         delay_s = min(wait_s, self.recheck_max_s) + 0.02
         detail = {"delay_s": round(delay_ms / 1000, 3)}
-        self._trace("deferred", d.facts.message_id, d.facts.queue, d.task_name, d.message, detail)
+        self._trace("deferred", d.facts.message_id, d.facts.scope, d.task_name, d.message, detail)
         self.call_later(delay_s, lambda: self._recheck(d))
         return "deferred"
 

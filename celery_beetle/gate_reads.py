@@ -12,6 +12,10 @@ error, and the gate parks its delivery and pauses (see :mod:`celery_beetle.gate`
 that stops answering without closing the socket (SIGSTOP, a partition) is caught by a
 watchdog timer after ``timeout_s``.
 
+A record whose key changed form in this release is read under its old key too (two HMGETs
+in the same batch, two replies for one callback; the first record present counts: see
+:mod:`celery_beetle.keys`).
+
 Only for clients with one connection pool: plain Redis and a Sentinel-managed master
 (where the pool asks the Sentinels for the master on every new connection). A Redis Cluster
 client spreads keys over nodes, so the gate reads through it synchronously.
@@ -28,6 +32,7 @@ from typing import Any
 import redis
 
 from celery_beetle.state import FIELDS, MessageFacts, State
+from celery_beetle.store import first_record
 
 __all__ = ["PipelinedReads", "ReadCallback", "pipelined_reads_for"]
 
@@ -52,14 +57,15 @@ class PipelinedReads:
         self.timeout_s = timeout_s
         self._connection: Any = None
         self._fd: int | None = None
-        self._queued: list[tuple[str, ReadCallback]] = []
-        self._pending: deque[tuple[float, ReadCallback]] = deque()
+        self._queued: list[tuple[list[str], ReadCallback]] = []
+        #: (sent at, how many replies, callback), in the order of the requests
+        self._pending: deque[tuple[float, int, ReadCallback]] = deque()
         self._flush_scheduled = False
         self._watchdog: Any = None
 
     def read(self, facts: MessageFacts, callback: ReadCallback) -> None:
         """Ask for the record of ``facts``; the batch goes out at the end of this loop pass."""
-        self._queued.append((self.store.key(facts.queue, facts.message_id), callback))
+        self._queued.append((self.store.record_keys(facts.scope, facts.message_id), callback))
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self.hub.call_soon(self._flush)
@@ -81,14 +87,14 @@ class PipelinedReads:
             return
         try:
             connection = self._connect()
-            commands = [("HMGET", key, *FIELDS) for key, _ in queued]
+            commands = [("HMGET", key, *FIELDS) for keys, _ in queued for key in keys]
             connection.send_packed_command(connection.pack_commands(commands), check_health=False)
         except Exception as exc:
             self._fail(exc, [callback for _, callback in queued])
             return
         self.store.round_trips += 1
         sent_at = time.monotonic()
-        self._pending.extend((sent_at, callback) for _, callback in queued)
+        self._pending.extend((sent_at, len(keys), callback) for keys, callback in queued)
         if self._watchdog is None:
             self._watchdog = self.hub.call_later(self.timeout_s, self._check_overdue)
 
@@ -113,9 +119,10 @@ class PipelinedReads:
             return
         try:
             while self._pending:
-                values = connection.read_response()
-                _, callback = self._pending.popleft()
-                self._answer(callback, State.from_values(values), None)
+                _, replies, callback = self._pending[0]
+                values = [connection.read_response() for _ in range(replies)]
+                self._pending.popleft()
+                self._answer(callback, first_record(values), None)
                 if not connection.can_read(timeout=0):
                     break
             else:  # a reply nobody asked for: the stream is out of step
@@ -139,7 +146,7 @@ class PipelinedReads:
     def _fail(self, exc: BaseException, extra: list[ReadCallback] | None = None) -> None:
         """Close the connection and hand ``exc`` to every pending callback."""
         self._disconnect()
-        callbacks = [callback for _, callback in self._pending] + (extra or [])
+        callbacks = [callback for _, _, callback in self._pending] + (extra or [])
         self._pending.clear()
         if self._watchdog is not None:
             self._watchdog.cancel()

@@ -11,6 +11,14 @@ exactly the delay, then dead-letters it back to where it came from::
                          x-dead-letter-routing-key = <queue>
                          x-expires = ms + max(ms, 60 s)   (idle delay queues go away)
 
+The delay queue is named after, and dead-letters back to, the physical queue the message was
+consumed from, so the retry comes back to the queue it was in (during a migration, the old
+queue while it is still consumed). The republished message carries ``x-beetle-scope``, the
+dedup scope it ran under: the worker that consumes it again deduplicates it under the scope
+of its queue (``beetle_dedup_scopes``), which is the same record while the old and new
+queues of a migration share a scope; the header lets an operator (and a replay after the
+migration) see which record it belongs to.
+
 One queue per (queue, delay) because RabbitMQ expires messages only at the head of a queue:
 mixing delays in one queue would hold a short delay behind a long one. The backoff takes few
 distinct values (``delay``, ``2 * delay``, ... up to ``max_delay``), so there are few queues.
@@ -23,13 +31,14 @@ declaration, so a queue in use never expires under a message it still holds.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kombu.serialization import dumps, registry
 
 from celery_beetle.facts import FACTS_HEADER
 from kombu_beetle.envelope import REPUBLISHED_HEADER
+from kombu_beetle.scopes import SCOPE_HEADER
 
 __all__ = [
     "RawMessage",
@@ -139,10 +148,14 @@ def republish(
     )
 
 
-def publish_delayed(producer: Any, raw: RawMessage, queue: str, delay_ms: int) -> str:
-    """Send ``raw`` back to ``queue`` after ``delay_ms``; returns the queue it went to.
+def publish_delayed(
+    producer: Any, raw: RawMessage, queue: str, delay_ms: int, scope: str | None = None
+) -> str:
+    """Send ``raw`` back to ``queue`` after ``delay_ms``, marked with its dedup ``scope``
+    (None: the queue's name); returns the queue it went to.
 
     A zero delay goes straight back to ``queue``."""
+    raw = replace(raw, headers={**raw.headers, SCOPE_HEADER: scope or queue})
     if delay_ms <= 0:
         republish(producer, raw, queue)
         return queue

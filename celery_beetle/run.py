@@ -121,7 +121,9 @@ def request_facts(request: Any, settings: BeetleSettings) -> MessageFacts:
     queue = (request.delivery_info or {}).get("routing_key") or "celery"
     message_id = properties.get("message_id") or request.id
     headers = properties.get("application_headers") or {}
-    return message_facts(queue, str(message_id), headers, settings.message_ttl_ms, wall_clock_ms())
+    now = wall_clock_ms()
+    scope = settings.scope_of(queue)
+    return message_facts(queue, str(message_id), headers, settings.message_ttl_ms, now, scope)
 
 
 class Run:
@@ -297,7 +299,13 @@ class Run:
             return None
         try:
             with self.task.app.producer_or_acquire() as producer:
-                publish_delayed(producer, self._raw_message(), self.facts.queue, decision.delay_ms)
+                publish_delayed(
+                    producer,
+                    self._raw_message(),
+                    self.facts.queue,
+                    decision.delay_ms,
+                    self.facts.scope,
+                )
         except Exception as pub_exc:
             # the record says "retry at T"; the copy goes back and the gate defers it to T
             logger.error("beetle: cannot publish the retry of %s (%r)", self._name(), pub_exc)
@@ -318,6 +326,7 @@ class Run:
             attempts=attempts,
             exceptions=exceptions,
             worker=self.worker,
+            scope=self.facts.scope,
         )
         try:
             with self.task.app.producer_or_acquire() as producer:
@@ -342,7 +351,9 @@ class Run:
         return raw_message_from_request(self.request, self.task.name, self.facts.message_id)
 
     def _name(self) -> str:
-        return f"{self.task.name}[{self.request.id}] ({self.facts.queue}, {self.facts.message_id})"
+        facts = self.facts
+        where = facts.queue if facts.scope == facts.queue else f"{facts.queue} in {facts.scope}"
+        return f"{self.task.name}[{self.request.id}] ({where}, {facts.message_id})"
 
     def _trace(self, event: str, **detail: Any) -> None:
         if not getattr(self.tracer, "enabled", False):
@@ -350,7 +361,7 @@ class Run:
         self.tracer.emit(
             event,
             self.facts.message_id,
-            queue=self.facts.queue,
+            queue=self.facts.scope,
             task_name=self.task.name,
             task_id=self.request.id,
             broker=self.broker,

@@ -21,6 +21,10 @@ Read from the Celery app's configuration (``app.conf``):
 ``beetle_key_prefix``           prefix of the Redis keys (``beetle:``)
 ``beetle_redis_wait_replicas``  replicas that must acknowledge every write before it
                                 counts as stored (0: none; not for Cluster)
+``beetle_dedup_scopes``         ``{queue: scope}`` (or ``"q1=s1,q2=s2"``): queues
+                                whose messages are deduplicated under another name,
+                                e.g. the old and new queue of a migration under one
+                                scope; a queue not named is its own scope
 ==============================  =====================================================
 
 The dedup store's URL (``beetle_redis_url``) takes one of these forms::
@@ -59,6 +63,7 @@ from urllib.parse import parse_qsl, unquote
 
 from celery_beetle.facts import MAX_MESSAGE_LIFE_MS
 from celery_beetle.outcome import Limits
+from kombu_beetle.scopes import parse_dedup_scopes, scope_of
 from kombu_beetle.urls import mask_url, parse_host_port
 
 __all__ = [
@@ -93,6 +98,7 @@ _APP_OPTIONS: Mapping[str, str] = {
     "beetle_max_deferred": "max_deferred",
     "beetle_max_deferred_bytes": "max_deferred_bytes",
     "beetle_unknown_task_grace": "unknown_task_grace_s",
+    "beetle_dedup_scopes": "dedup_scopes",
     **{f"beetle_default_{name}": attr for name, attr in TASK_OPTIONS.items()},
 }
 
@@ -126,6 +132,8 @@ class BeetleSettings:
     max_deferred_bytes: int = 64 * 1024 * 1024
     unknown_task_grace_s: float = 600.0
     trace_dir: str | None = None
+    #: ``{physical queue: dedup scope}`` (:mod:`kombu_beetle.scopes`)
+    dedup_scopes: Mapping[str, str] = field(default_factory=dict)
     retry_on_classes: tuple[type[BaseException], ...] = field(init=False, compare=False, default=())
 
     def __post_init__(self) -> None:
@@ -202,6 +210,7 @@ class BeetleSettings:
             f"key_prefix {self.key_prefix!r} must not contain braces: they mark the "
             f"Redis Cluster hash tag of each key",
         )
+        object.__setattr__(self, "dedup_scopes", parse_dedup_scopes(self.dedup_scopes))
         retry_on = _as_tuple(self.retry_on)
         object.__setattr__(self, "retry_on", retry_on)
         object.__setattr__(self, "retry_on_classes", tuple(_resolve(c) for c in retry_on))
@@ -237,6 +246,10 @@ class BeetleSettings:
             delay_ms=round(self.delay_s * 1000),
             max_delay_ms=round(self.max_delay_s * 1000),
         )
+
+    def scope_of(self, queue: str) -> str:
+        """The dedup scope of messages consumed from ``queue``."""
+        return scope_of(self.dedup_scopes, queue)
 
     @property
     def message_ttl_ms(self) -> int:

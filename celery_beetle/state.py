@@ -1,8 +1,11 @@
 """The dedup record of one message, and the facts a delivery brings with it.
 
-One record per ``(queue, message_id)``, held by the store (one Redis hash; a dict in the
-fake). It lives apart from :mod:`celery_beetle.outcome` so the decision rules read on
-their own and the store modules share one description of the fields.
+One record per ``(scope, message_id)``, held by the store (one Redis hash; a dict in the
+fake). The scope is the logical queue (:mod:`kombu_beetle.scopes`): by default the name of
+the queue the message was consumed from; several physical queues may share one. The record's
+key is :func:`celery_beetle.keys.record_key`. It lives apart from
+:mod:`celery_beetle.outcome` so the decision rules read on their own and the store modules
+share one description of the fields.
 
 Redis field names are one letter, because Redis keeps a small hash as a listpack whose size
 is the sum of its field names and values: short names keep an in-flight message under
@@ -72,13 +75,26 @@ class Status(str, enum.Enum):
 class MessageFacts:
     """What a delivery tells about its message; the same on every copy of it.
 
-    ``expires_at_ms`` comes from ``x-beetle-expires-at`` (or the publish time plus the
-    default message TTL when the header is missing).
+    ``queue`` is the physical queue it was consumed from: where its retries and dead letters
+    go. ``scope`` is its dedup scope, the first half of its identity ``(scope, message_id)``:
+    the queue's name unless ``beetle_dedup_scopes`` maps the queue to another (left empty,
+    it is the queue's name). ``expires_at_ms`` comes from ``x-beetle-expires-at`` (or the
+    publish time plus the default message TTL when the header is missing).
     """
 
     queue: str
     message_id: str
     expires_at_ms: int
+    scope: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.scope:
+            object.__setattr__(self, "scope", self.queue)
+
+    @property
+    def identity(self) -> tuple[str, str]:
+        """``(scope, message_id)``: what one record, one run and one audit entry stand for."""
+        return (self.scope, self.message_id)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,18 @@
 """The deduplication store: one Redis hash per message, one Lua script per state change.
 
-Each ``(queue, message_id)`` has one record under the hash-tagged key
-``<prefix>{<queue>:<message_id>}`` (prefix ``beetle:`` by default), so Redis Cluster keeps
-all of a message in one slot; its fields are described in :mod:`celery_beetle.state`. Every
-change is one script from ``scripts/`` (one round trip, atomic), the gate's read is one HMGET,
-and every write sets a TTL past the message's expiry: there is no GC daemon.
+Each ``(scope, message_id)`` has one record under one hash-tagged key (prefix ``beetle:`` by
+default), so Redis Cluster keeps all of a message in one slot; the key's three forms are
+described in :mod:`celery_beetle.keys` (the common one, ``<prefix>{<scope>:<message_id>}``,
+is the key of earlier versions), its fields in :mod:`celery_beetle.state`. Every change is
+one script from ``scripts/`` (one round trip, atomic), the gate's read is one HMGET, and
+every write sets a TTL past the message's expiry: there is no GC daemon.
+
+For one release, a record whose key changed form (a scope with ``:`` or braces, an id with
+``:`` or braces or of more than 200 characters) is also looked for under its old key
+(:func:`~celery_beetle.keys.legacy_key`): every script gets it as ``KEYS[2]`` and works on it
+when the record's own key is absent and the old one exists (``scripts/record.lua``), and the
+gate reads both in one round trip. So a message whose other copy a worker of the previous
+version ran is not run again here during a rolling deploy.
 
 Redis replicates asynchronously, so a write the master acknowledged may be missing on the
 replica a Sentinel promotes, and a message whose claim or completion is lost can run again.
@@ -35,6 +43,7 @@ import redis
 from redis.cluster import ClusterNode, RedisCluster
 from redis.sentinel import Sentinel
 
+from celery_beetle.keys import legacy_key, record_key
 from celery_beetle.outcome import (
     DEAD_LETTER_LEASE_MS,
     Claim,
@@ -132,19 +141,24 @@ class Store(abc.ABC):
         self.clock = clock
         self.round_trips = 0
 
-    def key(self, queue: str, message_id: str) -> str:
-        """The record's key; the braces make it one Redis Cluster hash slot."""
-        return f"{self.key_prefix}{{{queue}:{message_id}}}"
+    def key(self, scope: str, message_id: str) -> str:
+        """The record's key (:func:`~celery_beetle.keys.record_key`): one Redis Cluster
+        hash slot per message."""
+        return record_key(self.key_prefix, scope, message_id)
+
+    def legacy_key(self, scope: str, message_id: str) -> str | None:
+        """The record's key in the previous version, when it differs; read for one release."""
+        return legacy_key(self.key_prefix, scope, message_id)
 
     def gate(self, facts: MessageFacts) -> GateDecision:
         """The main process's verdict on a delivery: one read, none if the message expired."""
         now = self.clock()
         if facts.expires_at_ms <= now:
             return decide_gate(None, facts, now)
-        return decide_gate(self.peek(facts.queue, facts.message_id), facts, now)
+        return decide_gate(self.peek(facts.scope, facts.message_id), facts, now)
 
     @abc.abstractmethod
-    def peek(self, queue: str, message_id: str) -> State | None:
+    def peek(self, scope: str, message_id: str) -> State | None:
         """The stored record, or None: the gate's one read."""
 
     @abc.abstractmethod
@@ -186,11 +200,12 @@ class Store(abc.ABC):
         the mark lives ``keep_ms`` unless the record has a TTL of its own."""
 
     @abc.abstractmethod
-    def forget(self, queue: str, message_id: str) -> bool:
-        """Delete a record (e.g. before replaying a dead-lettered message); True if it existed."""
+    def forget(self, scope: str, message_id: str) -> bool:
+        """Delete a record, and its old-form copy (e.g. before replaying a dead-lettered
+        message); True if one existed."""
 
     @abc.abstractmethod
-    def ttl_ms(self, queue: str, message_id: str) -> int | None:
+    def ttl_ms(self, scope: str, message_id: str) -> int | None:
         """Milliseconds until the record expires; None if there is no record."""
 
 
@@ -279,9 +294,27 @@ class RedisStore(Store):
     def __repr__(self) -> str:
         return f"<RedisStore {self.client!r} prefix={self.key_prefix!r}>"
 
-    def peek(self, queue: str, message_id: str) -> State | None:
+    def record_keys(self, scope: str, message_id: str) -> list[str]:
+        """The record's key, and its old key where one is read (:mod:`celery_beetle.keys`):
+        on Redis Cluster only if both hash to one slot, as one script must touch them."""
+        keys = [self.key(scope, message_id)]
+        old = self.legacy_key(scope, message_id)
+        if old is not None and (
+            not isinstance(self.client, RedisCluster)
+            or self.client.keyslot(old) == self.client.keyslot(keys[0])
+        ):
+            keys.append(old)
+        return keys
+
+    def peek(self, scope: str, message_id: str) -> State | None:
         self.round_trips += 1
-        return State.from_values(self.client.hmget(self.key(queue, message_id), FIELDS))
+        keys = self.record_keys(scope, message_id)
+        if len(keys) == 1:
+            return State.from_values(self.client.hmget(keys[0], FIELDS))
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.hmget(key, FIELDS)
+        return first_record(pipe.execute())
 
     def claim(self, facts: MessageFacts, limits: Limits, owner: str) -> ClaimDecision:
         now = self.clock()
@@ -382,13 +415,21 @@ class RedisStore(Store):
     def first_seen(self, facts: MessageFacts, keep_ms: int) -> int:
         return int(self._run("first_seen", facts, self.clock(), keep_ms)[0])
 
-    def forget(self, queue: str, message_id: str) -> bool:
+    def forget(self, scope: str, message_id: str) -> bool:
         self.round_trips += 1
-        return bool(self.client.delete(self.key(queue, message_id)))
+        return bool(self.client.delete(*self.record_keys(scope, message_id)))
 
-    def ttl_ms(self, queue: str, message_id: str) -> int | None:
+    def ttl_ms(self, scope: str, message_id: str) -> int | None:
         self.round_trips += 1
-        ttl = self.client.pttl(self.key(queue, message_id))
+        keys = self.record_keys(scope, message_id)
+        if len(keys) == 1:
+            ttls = [self.client.pttl(keys[0])]
+        else:
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.pttl(key)
+            ttls = pipe.execute()
+        ttl = next((t for t in ttls if t != -2), -2)
         return None if ttl == -2 else ttl
 
     def ping(self) -> bool:
@@ -401,7 +442,7 @@ class RedisStore(Store):
 
     def _run(self, name: str, facts: MessageFacts, *args: Any) -> list[Any]:
         self.round_trips += 1
-        keys = [self.key(facts.queue, facts.message_id)]
+        keys = self.record_keys(facts.scope, facts.message_id)
         if self.wait_replicas:
             reply = self._run_and_wait(self._scripts[name], keys, args)
         else:
@@ -441,6 +482,17 @@ def _fence(reply: Sequence[Any]) -> FenceDecision:
     )
 
 
+def first_record(replies: Sequence[Sequence[Any]]) -> State | None:
+    """The record from the HMGETs of its key and then its old key: the first one present."""
+    for values in replies:
+        state = State.from_values(values)
+        if state is not None:
+            return state
+    return None
+
+
 def script_source(name: str) -> str:
-    """The text of ``scripts/<name>.lua``, shipped as package data."""
-    return (resources.files("celery_beetle") / "scripts" / f"{name}.lua").read_text()
+    """The text of ``scripts/<name>.lua`` (package data) after ``scripts/record.lua``,
+    which picks the key the script works on."""
+    scripts = resources.files("celery_beetle") / "scripts"
+    return (scripts / "record.lua").read_text() + (scripts / f"{name}.lua").read_text()

@@ -10,6 +10,11 @@ a message's body: a larger publish is refused before any byte is written, with
 :class:`~kombu_beetle.errors.MessageTooLarge`.  Without a cap, a body too big to
 write within the socket timeout makes a healthy broker look dead; RabbitMQ 3.x
 never tells a client its own limit, so the transport keeps one of its own.
+
+``dedup_scopes`` (a dict, or ``"q1=s1,q2=s2"`` in the URL) maps queues to the dedup scope
+workers deduplicate them under (:mod:`kombu_beetle.scopes`); publishers name that scope in
+their trace events, so the audit matches them with the workers' events.
+``celery_beetle.install(app)`` sets it from ``beetle_dedup_scopes``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .errors import InvalidBrokerURL, InvalidTransportOption
+from .scopes import parse_dedup_scopes
 from .urls import parse_host_port
 
 DEFAULT_PORT = 5672
@@ -101,6 +107,8 @@ class BeetleOptions:
     #: consume-only brokers, for draining an old broker while a fleet moves
     additional_subscription_brokers: tuple[BrokerAddress, ...] = ()
     trace_dir: str | None = None
+    #: ``{queue: dedup scope}`` (:mod:`.scopes`): the ``queue`` of ``published`` trace events
+    dedup_scopes: Mapping[str, str] = field(default_factory=dict)
     #: extra py-amqp Connection keyword arguments, and per-broker overrides by "host:port"
     amqp_options: Mapping[str, Any] = field(default_factory=dict)
     broker_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -224,6 +232,13 @@ def _as_names(value: Any) -> frozenset[str]:
     return frozenset(str(v) for v in value)
 
 
+def _as_scopes(name: str, value: Any) -> dict[str, str]:
+    try:
+        return parse_dedup_scopes(value)
+    except ValueError as exc:
+        raise InvalidTransportOption(f"transport option {name}: {exc}") from None
+
+
 def _as_brokers(url: str, value: Any, default_port: int) -> tuple[BrokerAddress, ...]:
     text = value if isinstance(value, str) else ",".join(str(v) for v in value)
     return _parse_hosts(url, text, default_port) if text.strip() else ()
@@ -242,6 +257,7 @@ _CONVERTERS: dict[str, tuple[str, Any]] = {
     "message_ttl": ("message_ttl_s", lambda n, v: _as_number(n, v, 1)),
     "max_message_bytes": ("max_message_bytes", _as_positive_int),
     "trace_dir": ("trace_dir", lambda n, v: str(v) or None),
+    "dedup_scopes": ("dedup_scopes", lambda n, v: _as_scopes(n, v)),
     "heartbeat": ("heartbeat_s", lambda n, v: _as_number(n, v, 0)),
     "ssl": ("ssl", None),
 }

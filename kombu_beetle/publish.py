@@ -33,6 +33,7 @@ from .envelope import REPUBLISHED_HEADER, ensure_message_id, is_redundant, stamp
 from .errors import MessageTooLarge, NoBrokerAvailable, PublishNotConfirmed
 from .frames import body_size, write_publish
 from .options import BeetleOptions
+from .scopes import scope_of
 from .trace import NullTracer, Tracer
 
 logger = logging.getLogger(__name__)
@@ -43,12 +44,13 @@ _CONFIRMS = [spec.Basic.Ack, spec.Basic.Nack]
 def _trace(
     tracer: Any,
     properties: dict[str, Any],
-    routing_key: str,
+    scope: str,
     wanted: int,
     done: list[BrokerLink],
     failed: list[str],
 ) -> None:
-    """One ``published`` event per copy of a redundant message, confirmed or not.
+    """One ``published`` event per copy of a redundant message, confirmed or not; ``queue``
+    is the dedup scope of the routing key (the ``dedup_scopes`` option).
 
     See kombu_beetle.trace for the event's fields.
     """
@@ -62,7 +64,7 @@ def _trace(
         tracer.emit(
             "published",
             properties["message_id"],
-            queue=routing_key,
+            queue=scope,
             broker=broker,
             detail={"confirmed": confirmed, "redundant": True, "copies": wanted},
             **common,
@@ -237,7 +239,8 @@ class Publisher:
         # to the end (a plain task, a Celery event or a reply never writes "completed").
         republished = (properties.get("application_headers") or {}).get(REPUBLISHED_HEADER)
         if copies.redundant and not republished and not isinstance(self.tracer, NullTracer):
-            _trace(self.tracer, properties, routing_key, copies.wanted, done, failed)
+            scope = scope_of(self.options.dedup_scopes, routing_key)
+            _trace(self.tracer, properties, scope, copies.wanted, done, failed)
         if copies.redundant and len(done) < copies.wanted <= len(copies.candidates):
             logger.warning(
                 "beetle: redundant message %s stored on %d of %d brokers (%s)",

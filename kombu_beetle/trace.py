@@ -11,9 +11,14 @@ Line format (one JSON object per line, keys in this order; absent values are ``n
      "worker": "celery@host-3", "pid": 4123, "attempt": 1, "detail": {"runtime_ms": 812}}
 
 ``ts_ms``, ``event``, ``message_id`` and ``queue`` are required; the audit counts a line
-without them as malformed. ``(queue, message_id)`` is the dedup identity, so both sides must
-name the same queue: the publisher writes the routing key (the queue name under Celery's
-direct routing), the worker the queue it consumed from.
+without them as malformed. The ``queue`` field names the message's **dedup scope**
+(:mod:`kombu_beetle.scopes`), not a physical queue: ``(queue, message_id)`` is the dedup
+identity, one record and one run, so both sides must name the same scope. The publisher
+writes the routing key (the queue name under Celery's direct routing) mapped through the
+``dedup_scopes`` transport option; the worker writes the scope of the queue it consumed from
+(``beetle_dedup_scopes``). Without a mapping both are the queue's name. So a message in the
+old and the new queue of a migration is one message to the audit, and a message in two
+queues of a fan-out (two scopes) is two.
 
 Who emits what:
 

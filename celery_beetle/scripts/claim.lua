@@ -1,7 +1,7 @@
 -- claim.lua: grant the lease on a message to one worker, or say why not.
 -- The same rules as celery_beetle.outcome.decide_claim, in one atomic step.
 --
--- KEYS[1]  the message's record, beetle:{<queue>:<message_id>}
+-- KEYS[1]  the message's record (KEYS[2]: its old key; record.lua, prepended, sets `key`)
 -- ARGV[1]  now_ms             the caller's clock (never Redis TIME, so tests need no sleep)
 -- ARGV[2]  expires_at_ms      the message's expiry (x-beetle-expires-at)
 -- ARGV[3]  lease_timeout_ms
@@ -21,7 +21,6 @@
 --                                          dead letter, then dead_lettered.lua
 --   {'expired'}
 
-local key = KEYS[1]
 local now = tonumber(ARGV[1])
 local expires_at = tonumber(ARGV[2])
 local lease_timeout = tonumber(ARGV[3])

@@ -1,7 +1,7 @@
 -- complete.lua: record that the body succeeded; only the current owner may.
 -- The same rules as celery_beetle.outcome.decide_complete, in one atomic step.
 --
--- KEYS[1]  the message's record, beetle:{<queue>:<message_id>}
+-- KEYS[1]  the message's record (KEYS[2]: its old key; record.lua, prepended, sets `key`)
 -- ARGV[1]  token           the fencing token the claim returned
 -- ARGV[2]  now_ms
 -- ARGV[3]  ttl_margin_ms
@@ -11,7 +11,6 @@
 -- and token: the record is not running under this token (the lease was taken over).
 -- A completed record keeps only s, a, e, t and x: it stays until the message expires.
 
-local key = KEYS[1]
 local token = tonumber(ARGV[1])
 local now = tonumber(ARGV[2])
 local margin = tonumber(ARGV[3])

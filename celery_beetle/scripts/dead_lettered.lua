@@ -1,13 +1,12 @@
 -- dead_lettered.lua: a failed message's dead letter is stored; the record becomes final.
 -- The same rules as celery_beetle.outcome.decide_dead_lettered, in one atomic step.
 --
--- KEYS[1]  the message's record, beetle:{<queue>:<message_id>}
+-- KEYS[1]  the message's record (KEYS[2]: its old key; record.lua, prepended, sets `key`)
 -- ARGV[1]  now_ms
 -- ARGV[2]  ttl_margin_ms
 --
 -- Returns {'ok'} when a dead letter was owed, {'none'} otherwise (marked already, or gone).
 
-local key = KEYS[1]
 local now = tonumber(ARGV[1])
 local margin = tonumber(ARGV[2])
 

@@ -1,7 +1,7 @@
 -- extend.lua: move the owner's lease deadline to now + lease_timeout_ms.
 -- The same rules as celery_beetle.outcome.decide_extend, in one atomic step.
 --
--- KEYS[1]  the message's record, beetle:{<queue>:<message_id>}
+-- KEYS[1]  the message's record (KEYS[2]: its old key; record.lua, prepended, sets `key`)
 -- ARGV[1]  token              the fencing token the claim returned
 -- ARGV[2]  now_ms
 -- ARGV[3]  lease_timeout_ms
@@ -9,7 +9,6 @@
 --
 -- Returns {'ok', lease_deadline_ms}, or {'not_owner', status, token} as complete.lua does.
 
-local key = KEYS[1]
 local token = tonumber(ARGV[1])
 local now = tonumber(ARGV[2])
 local deadline = now + tonumber(ARGV[3])

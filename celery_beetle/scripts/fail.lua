@@ -1,7 +1,7 @@
 -- fail.lua: count the body's exception; retry after a backoff, or give up.
 -- The same rules as celery_beetle.outcome.decide_failure, in one atomic step.
 --
--- KEYS[1]  the message's record, beetle:{<queue>:<message_id>}
+-- KEYS[1]  the message's record (KEYS[2]: its old key; record.lua, prepended, sets `key`)
 -- ARGV[1]  token              the fencing token the claim returned
 -- ARGV[2]  now_ms
 -- ARGV[3]  attempts_limit
@@ -21,7 +21,6 @@
 --   {'not_owner'}                           not running under this token
 -- The same failure reported again (a lost reply) gets the same answer and writes nothing.
 
-local key = KEYS[1]
 local token = tonumber(ARGV[1])
 local now = tonumber(ARGV[2])
 local attempts_limit = tonumber(ARGV[3])

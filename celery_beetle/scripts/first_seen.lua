@@ -3,13 +3,12 @@
 -- Kept in the message's record as field 'u', which no other script reads: a record with
 -- only 'u' reads as "never seen" everywhere else.
 --
--- KEYS[1]  the message's record, beetle:{<queue>:<message_id>}
+-- KEYS[1]  the message's record (KEYS[2]: its old key; record.lua, prepended, sets `key`)
 -- ARGV[1]  now_ms
 -- ARGV[2]  keep_ms            how long to keep the mark if the record has no TTL yet
 --
 -- Returns the first time, in ms.
 
-local key = KEYS[1]
 local now = tonumber(ARGV[1])
 redis.call('HSETNX', key, 'u', now)
 if redis.call('PTTL', key) < 0 then

@@ -3,7 +3,7 @@
 -- to ask dead-letters the message (its dead letter is owed by that owner until
 -- dead_lettered.lua); every later copy finds it settled and is acked.
 --
--- KEYS[1]  the message's record, beetle:{<queue>:<message_id>}
+-- KEYS[1]  the message's record (KEYS[2]: its old key; record.lua, prepended, sets `key`)
 -- ARGV[1]  now_ms
 -- ARGV[2]  expires_at_ms      the message's expiry (x-beetle-expires-at)
 -- ARGV[3]  ttl_margin_ms
@@ -15,7 +15,6 @@
 -- copy, nothing else), or {'wait', lease_deadline_ms}: another owner's lease is live (its
 -- dead letter is being published, or it runs), so hand this copy back until then.
 
-local key = KEYS[1]
 local now = tonumber(ARGV[1])
 local expires_at = tonumber(ARGV[2])
 local margin = tonumber(ARGV[3])

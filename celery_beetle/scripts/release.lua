@@ -2,7 +2,7 @@
 -- The same rules as celery_beetle.outcome.decide_release, in one atomic step: the record
 -- becomes pending, due at once, and the attempt the claim counted is taken back.
 --
--- KEYS[1]  the message's record, beetle:{<queue>:<message_id>}
+-- KEYS[1]  the message's record (KEYS[2]: its old key; record.lua, prepended, sets `key`)
 -- ARGV[1]  token              the fencing token the claim returned; 0: release by owner
 -- ARGV[2]  now_ms
 -- ARGV[3]  ttl_margin_ms
@@ -10,7 +10,6 @@
 --
 -- Returns {'ok'}, or {'not_owner', status, token} as complete.lua does.
 
-local key = KEYS[1]
 local token = tonumber(ARGV[1])
 local now = tonumber(ARGV[2])
 local margin = tonumber(ARGV[3])

@@ -68,6 +68,29 @@ def test_reads_of_one_loop_pass_go_out_as_one_round_trip_and_each_gets_its_recor
     reads.close()
 
 
+def test_a_record_under_its_old_key_is_read_in_the_same_round_trip(redis_url, hub):
+    store = RedisStore.from_url(redis_url)
+    limits = Limits(60_000)
+    old_form = MessageFacts("a:b", "c", expires_at_ms=wall_clock_ms() + 60_000)
+    new_form = MessageFacts("a:b", "d", expires_at_ms=wall_clock_ms() + 60_000)
+    old_key = store.legacy_key("a:b", "c")
+    assert old_key == "beetle:{a:b:c}"
+    store.client.hset(old_key, mapping={"s": "c", "a": 1, "t": 1})  # the previous version's
+    store.complete(new_form, store.claim(new_form, limits, "w1").token)
+    reads = pipelined_reads_for(store, hub, 2.0)
+    assert isinstance(reads, PipelinedReads)
+    before = store.round_trips
+    answers: dict[str, Any] = {}
+    for msg in (old_form, new_form, facts(9)):
+        reads.read(msg, lambda state, exc, m=msg: answers.setdefault(m.message_id, (state, exc)))
+    spin(hub, lambda: len(answers) == 3)
+    assert store.round_trips - before == 1
+    assert answers["c"][0].status is Status.COMPLETED and answers["c"][0].token == 1
+    assert answers["d"][0].status is Status.COMPLETED
+    assert answers["m-9"] == (None, None)
+    reads.close()
+
+
 def test_a_killed_redis_answers_every_pending_read_with_an_error(redis_own, hub):
     reads = PipelinedReads(RedisStore.from_url(redis_own.url), hub, timeout_s=2.0)
     answers = first_answer(reads, hub)

@@ -2,7 +2,8 @@
 
 A Sentinel monitors the session's throwaway Redis; a one-node cluster owns every slot.
 The same claim → complete → duplicate sequence must work through both clients, with every
-key of a message in one slot (the hash tag in ``beetle:{queue:message_id}``). With
+key of a message in one slot (the hash tag in ``beetle:{scope:message_id}``; see
+:mod:`celery_beetle.keys`). With
 ``wait_replicas`` a write counts only once a replica has it, still in one round trip.
 """
 
@@ -97,6 +98,24 @@ def test_the_store_works_through_a_cluster_url(cluster_url):
     store = RedisStore.from_url(cluster_url)
     _claim_complete_and_drop(store)
     assert store.key("orders", "m-topology") == "beetle:{orders:m-topology}"
+    store.close()
+
+
+def test_on_a_cluster_an_old_key_is_read_only_where_it_shares_the_record_s_slot(cluster_url):
+    store = RedisStore.from_url(cluster_url)
+    client = store.client
+    colon = MessageFacts("orders:eu", "m-1", expires_at_ms=wall_clock_ms() + 60_000)
+    keys = store.record_keys(colon.scope, colon.message_id)
+    assert keys == ["beetle:{orders:eu:m-1}#9", "beetle:{orders:eu:m-1}"]
+    assert client.keyslot(keys[0]) == client.keyslot(keys[1])
+    client.hset(keys[1], mapping={"s": "c", "a": 1, "t": 1})  # the previous version's
+    assert store.gate(colon).outcome is Gate.DROP_DUPLICATE
+    assert store.claim(colon, Limits(), "test:1").outcome.value == "already_done"
+    long_id = MessageFacts("orders", "x" * 255, expires_at_ms=wall_clock_ms() + 60_000)
+    assert len(store.record_keys(long_id.scope, long_id.message_id)) == 1  # another slot
+    _claim_complete_and_drop(store)
+    claim = store.claim(long_id, Limits(), "test:1")
+    assert claim.acquired and store.complete(long_id, claim.token).ok
     store.close()
 
 

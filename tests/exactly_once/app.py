@@ -5,7 +5,8 @@ from the environment, so one module serves every scenario, and tests build their
 publisher with :func:`make_app` on the same brokers:
 
 - ``BEETLE_TEST_URL`` broker URL, ``BEETLE_TEST_OPTIONS`` JSON transport options,
-  ``BEETLE_TEST_QUEUE`` the queue, ``BEETLE_TEST_REDIS`` the dedup store,
+  ``BEETLE_TEST_QUEUE`` the queue (or ``q1,q2``: the worker consumes both, publishes to
+  the first), ``BEETLE_TEST_REDIS`` the dedup store,
   ``BEETLE_TEST_BACKEND`` an optional result backend, ``BEETLE_TEST_TRACE`` a trace dir;
 - ``BEETLE_TEST_TASK`` JSON BeetleTask options for the ``eo.*`` tasks
   (``timeout``, ``attempts``, ``exceptions``, ``delay``, ``max_delay``);
@@ -54,7 +55,7 @@ def make_app(
 ) -> Celery:
     app = Celery("beetle_eo", broker=broker_url, set_as_current=False)
     app.conf.broker_transport_options = transport_options or {}
-    app.conf.task_default_queue = queue
+    app.conf.task_default_queue = queue.split(",")[0]
     app.conf.worker_prefetch_multiplier = 4
     app.conf.broker_connection_retry_on_startup = True
     app.conf.worker_hijack_root_logger = False

@@ -48,6 +48,7 @@ class EoWorker(WorkerProcess):
         backend: str | None = None,
         trace_dir: str | None = None,
         extra_env: dict[str, str] | None = None,
+        root: Path = ROOT,
     ) -> None:
         self.out = out
         env = {
@@ -70,6 +71,7 @@ class EoWorker(WorkerProcess):
             queue=queue,
             name="eo",
             extra_args=("--without-heartbeat",),
+            root=root,
         )
 
     def start(self, ready_timeout: float = 30) -> EoWorker:

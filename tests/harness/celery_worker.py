@@ -1,8 +1,8 @@
 """A Celery worker in a subprocess, as tests and chaos scenarios need it: killable by pid.
 
-The worker runs ``celery -A <app module> worker`` from the repository root with the given
-environment; tests read what it did from files its tasks append to, never from the code
-under test.
+The worker runs ``celery -A <app module> worker`` from the repository root (or ``root``, a
+checkout of another commit: a rolling deploy's older version) with the given environment;
+tests read what it did from files its tasks append to, never from the code under test.
 """
 
 from __future__ import annotations
@@ -32,12 +32,14 @@ class WorkerProcess:
         queue: str = "celery",
         name: str = "w",
         extra_args: Sequence[str] = (),
+        root: Path = ROOT,
     ) -> None:
         self.log = log
+        self.root = root
         self.env = {
             **os.environ,
             **env,
-            "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+            "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
         }
         self.args = [
             sys.executable, "-m", "celery", "-A", app_module, "worker",
@@ -50,7 +52,7 @@ class WorkerProcess:
     def start(self, ready_timeout: float = 45) -> WorkerProcess:
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
-                self.args, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT
+                self.args, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.root
             )
         deadline = time.monotonic() + ready_timeout
         while b" ready." not in self.log.read_bytes():

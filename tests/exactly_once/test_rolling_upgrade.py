@@ -1,6 +1,6 @@
 """A rolling deploy of the dedup-identity change: old and new workers side by side.
 
-A worker of the commit before this change (run from a checkout of it) and a worker of this
+A worker of the last release before this change (run from a checkout of it) and a worker of this
 commit consume the same queue on the same brokers and Redis while BeetleTasks are published
 with tracing on; the delivery audit counts the outcome from the traces of all of them:
 nothing lost, nothing run twice, nothing unexpected. Plain names (a Celery queue, UUID ids)
@@ -21,8 +21,9 @@ import pytest
 from tests.exactly_once.conftest import ROOT, counts
 from tests.harness.waiting import wait_until
 
-#: the commit whose workers this one must run beside: where this branch left main
-PREVIOUS = "6e9e5df65851d6f47628710b1bc66ca56064cd1a"
+#: the commit whose workers this one must run beside: the last release before the hardening
+#: and dedup-identity changes (what a fleet runs when it upgrades)
+PREVIOUS = "a3493029ccd99e098559806883ebd1556dd8a06e"
 MESSAGES = 300
 
 

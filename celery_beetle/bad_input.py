@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery_beetle.facts import InvalidHeader, message_facts
-from celery_beetle.handback import ack
+from celery_beetle.handback import HandBacks, ack
 from celery_beetle.redis_health import store_unavailable
 from celery_beetle.store import Store
 from kombu_beetle.scopes import scope_of
@@ -31,6 +31,9 @@ from kombu_beetle.scopes import scope_of
 __all__ = ["BadInput", "BadInputHandling", "DeadLetter"]
 
 logger = logging.getLogger(__name__)
+
+#: An unknown task waits at most this long between hand-backs.
+UNKNOWN_TASK_MAX_WAIT_S = 5.0
 
 
 class BadInput(str, enum.Enum):
@@ -62,6 +65,7 @@ class BadInputHandling:
     unknown_task_grace_ms: int
     paused: bool
     stats: Counter[str]
+    handbacks: HandBacks
 
     def _hand_back(self, message: Any, key: Any, delay_s: float | None = None) -> str:
         raise NotImplementedError
@@ -146,4 +150,7 @@ class BadInputHandling:
             waited / 1000,
             self.unknown_task_grace_ms / 1000,
         )
-        return self._hand_back(message, facts.identity)
+        # not the usual 30 s cap: a deploy's newer workers should get it within seconds
+        left_s = (self.unknown_task_grace_ms - waited) / 1000
+        delay = min(self.handbacks.delay_for(facts.identity), UNKNOWN_TASK_MAX_WAIT_S, left_s)
+        return self._hand_back(message, facts.identity, delay)

@@ -114,7 +114,7 @@ def test_a_task_only_newer_workers_know_waits_for_them_during_a_rolling_deploy(
     assert counts([old], "start") == {}
     assert _dead_letters(brokers) == {}
     new = eo_worker(extra_env={**grace, "BEETLE_TEST_NEWER": "1"})
-    assert wait_until(lambda: len(counts([old, new])) == 10, timeout=30)
+    assert wait_until(lambda: len(counts([old, new])) == 10, timeout=60)
     time.sleep(1)
     assert counts([old, new]) == {item: 1 for item in range(301, 311)}
     assert _dead_letters(brokers) == {}

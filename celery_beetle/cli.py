@@ -6,7 +6,8 @@ matplotlib, celery) are imported inside the subcommand that needs them, so ``bee
 and quick subcommands start in a fraction of a second.
 
 Exit status of ``beetle audit``: 0 when the verdict is clean, 1 when any message is lost,
-duplicated or unexpected, 2 for usage errors, 3 when the audit could not run.
+duplicated or unexpected, 2 for usage errors, 3 when the audit could not run or the trace
+holds no valid event (nothing to judge is not a clean verdict).
 """
 
 from __future__ import annotations
@@ -107,6 +108,14 @@ def audit(
         click.echo(f"beetle audit: the audit could not run: {exc}", err=True)
         sys.exit(EXIT_AUDIT_FAILED)
     _print_verdict(result.summary, result.files, show)
+    if result.empty:
+        click.echo(
+            f"beetle audit: no valid trace event in {' '.join(trace_path)} "
+            f"({result.summary['malformed_lines']} malformed lines): nothing to judge. Check "
+            "the path, and that the run traced (beetle_trace_dir / the trace_dir option)",
+            err=True,
+        )
+        sys.exit(EXIT_AUDIT_FAILED)
     sys.exit(0 if result.ok else EXIT_BAD_VERDICT)
 
 

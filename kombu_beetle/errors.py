@@ -61,8 +61,9 @@ class BrokerTLSError(OperationalError):
         self.broker = broker
         self.reason = reason
         detail = getattr(reason, "verify_message", None) or getattr(reason, "reason", None)
+        detail = str(detail or reason).rstrip(".")
         super().__init__(
-            f"TLS to broker {broker} failed: {detail or reason}. Check that {broker} is a TLS "
+            f"TLS to broker {broker} failed: {detail}. Check that {broker} is a TLS "
             f"port (RabbitMQ's listeners.ssl, 5671 by default) and that its certificate names "
             f"the host written in the URL and is signed by a CA in ssl's ca_certs (or set "
             f"ssl options for this broker in broker_options)"

@@ -37,15 +37,21 @@ def _redis_url(server, host: str = "localhost") -> str:
     return f"rediss://:{SECRET}@{host}:{server.tls_port}/0?ssl_ca_certs={server.ca}"
 
 
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory):
+    """Where the TLS run leaves its trace, for the audit test after it."""
+    return tmp_path_factory.mktemp("tls-run")
+
+
 def test_worker_and_publisher_over_tls_survive_kill_9_of_a_broker_and_leak_no_password(
-    tls_nodes, tls_redis, certs, tmp_path, caplog
+    tls_nodes, tls_redis, certs, tmp_path, run_dir, caplog
 ):
     from tests.exactly_once.app import make_app
 
     caplog.set_level(logging.DEBUG)
     url, redis_url = _broker_url(tls_nodes), _redis_url(tls_redis)
     options = {**FAST, "ssl": {"ca_certs": str(certs.ca)}}
-    trace_dir = tmp_path / "trace"
+    trace_dir = run_dir / "trace"
     worker = EoWorker(
         url,
         redis_url,
@@ -94,6 +100,18 @@ def test_worker_and_publisher_over_tls_survive_kill_9_of_a_broker_and_leak_no_pa
     assert "is down" in caplog.text or "down" in worker.log_text()
     leaked = [what for what, text in outputs.items() if SECRET in "".join(text.split())]
     assert not leaked, f"the password is in: {leaked}"
+
+
+@pytest.mark.spark
+def test_the_audit_of_that_run_is_clean_and_holds_no_password(spark, run_dir):
+    from celery_beetle.audit import job
+
+    if not list((run_dir / "trace").glob("*.jsonl")):
+        pytest.skip("the TLS run left no trace (it failed or was deselected)")
+    result = job.run_audit(spark, str(run_dir / "trace"), str(run_dir / "audit"))
+    assert result.ok and result.summary["completed_once"] == 20, result.summary
+    for name in ("summary.json", "report.html"):
+        assert SECRET not in (run_dir / "audit" / name).read_text(), name
 
 
 def test_a_broker_whose_certificate_names_another_host_is_refused_naming_it(certs, tmp_path):

@@ -6,7 +6,8 @@ matplotlib, celery) are imported inside the subcommand that needs them, so ``bee
 and quick subcommands start in a fraction of a second.
 
 Exit status of ``beetle audit``: 0 when the verdict is clean, 1 when any message is lost,
-duplicated or unexpected, 2 for usage errors, 3 when the audit could not run.
+duplicated or unexpected, 2 for usage errors, 3 when the audit could not run or the trace
+holds no valid event (nothing to judge is not a clean verdict).
 """
 
 from __future__ import annotations
@@ -107,18 +108,74 @@ def audit(
         click.echo(f"beetle audit: the audit could not run: {exc}", err=True)
         sys.exit(EXIT_AUDIT_FAILED)
     _print_verdict(result.summary, result.files, show)
+    if result.empty:
+        click.echo(
+            f"beetle audit: no valid trace event in {' '.join(trace_path)} "
+            f"({result.summary['malformed_lines']} malformed lines): nothing to judge. Check "
+            "the path, and that the run traced (beetle_trace_dir / the trace_dir option)",
+            err=True,
+        )
+        sys.exit(EXIT_AUDIT_FAILED)
     sys.exit(0 if result.ok else EXIT_BAD_VERDICT)
 
 
+def _url_from(value: str | None, path: str | None, what: str, required: bool) -> str | None:
+    """The URL given directly, or read from the file ``path`` (a mounted secret)."""
+    if value and path:
+        raise click.UsageError(f"give the {what} URL or a file holding it, not both")
+    if path:
+        try:
+            with open(path, encoding="utf-8") as secret:
+                text = secret.read().strip()
+        except OSError as exc:
+            raise click.UsageError(f"cannot read the {what} URL from {path}: {exc.strerror}")
+        if not text:
+            raise click.UsageError(f"the {what} URL file {path} is empty")
+        return text
+    if required and not value:
+        raise click.UsageError(
+            f"no {what} URL: set BEETLE_BROKER_URL or BEETLE_BROKER_URL_FILE, "
+            "or give --broker-url-file (or BROKER_URL)"
+        )
+    return value or None
+
+
 @main.command()
-@click.argument("broker_url", envvar="BEETLE_BROKER_URL")
+@click.argument("broker_url", envvar="BEETLE_BROKER_URL", required=False)
+@click.option(
+    "--broker-url-file",
+    envvar="BEETLE_BROKER_URL_FILE",
+    type=click.Path(dir_okay=False),
+    help="Read the beetle:// URL from this file (e.g. a mounted secret).",
+)
 @click.option("--redis", "redis_url", envvar="BEETLE_REDIS_URL", help="The dedup store's URL.")
+@click.option(
+    "--redis-file",
+    "redis_url_file",
+    envvar="BEETLE_REDIS_URL_FILE",
+    type=click.Path(dir_okay=False),
+    help="Read the dedup store's URL from this file.",
+)
 @click.option("--queue", "-Q", "queues", multiple=True, help="Report this queue (repeatable).")
-def status(broker_url: str, redis_url: str | None, queues: tuple[str, ...]) -> None:
+def status(
+    broker_url: str | None,
+    broker_url_file: str | None,
+    redis_url: str | None,
+    redis_url_file: str | None,
+    queues: tuple[str, ...],
+) -> None:
     """Is every broker of BROKER_URL (a beetle:// URL) up, and the dedup store?
 
     Exits 1 when a broker or the store is down, so it can serve as a health check.
+
+    A URL given on the command line (BROKER_URL, --redis) is visible to every user of the
+    machine through ps: pass URLs with passwords in BEETLE_BROKER_URL / BEETLE_REDIS_URL,
+    or in files named by --broker-url-file / --redis-file (or BEETLE_BROKER_URL_FILE /
+    BEETLE_REDIS_URL_FILE). Passwords are masked in the output.
     """
+    broker_url = _url_from(broker_url, broker_url_file, "broker", required=True)
+    redis_url = _url_from(redis_url, redis_url_file, "dedup store", required=False)
+    assert broker_url is not None
     from rich.console import Console
     from rich.table import Table
 

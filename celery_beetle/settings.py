@@ -35,7 +35,13 @@ The dedup store's URL (``beetle_redis_url``) takes one of these forms::
     redis+sentinel://[[user]:password@]host:port[,host:port...]/service_name[/db]
     redis+cluster://[[user]:password@]host:port[,host:port...]
 
-``rediss+sentinel://`` and ``rediss+cluster://`` use TLS. The password is the data node's;
+``rediss+sentinel://`` and ``rediss+cluster://`` use TLS. Every TLS form takes the same query
+options: ``?ssl_ca_certs=`` (a CA bundle file), ``ssl_ca_path=`` (a directory of CAs),
+``ssl_certfile=`` and ``ssl_keyfile=`` (a client certificate), ``ssl_cert_reqs=``
+(``required``, the default; ``optional``; ``none``) and ``ssl_check_hostname=`` (``true`` by
+default unless ``ssl_cert_reqs=none``): the certificate of every node, Sentinels included, is
+checked against the host it is reached at (for a Sentinel's master or a Cluster's nodes, the
+address they announce, often an IP). The password is the data node's;
 Sentinels that need their own take ``?sentinel_password=...``. Sentinel and Cluster URLs
 also take ``?socket_timeout=`` and ``?socket_connect_timeout=`` (seconds).
 
@@ -352,7 +358,20 @@ _SCHEMES = {
     "redis+cluster": ("cluster", False),
     "rediss+cluster": ("cluster", True),
 }
-_MULTI_HOST_OPTIONS = {"socket_timeout", "socket_connect_timeout", "sentinel_password"}
+#: TLS options of every ``rediss`` form: redis-py's connection arguments of the same names
+TLS_OPTIONS = frozenset(
+    {
+        "ssl_ca_certs",
+        "ssl_ca_path",
+        "ssl_certfile",
+        "ssl_keyfile",
+        "ssl_cert_reqs",
+        "ssl_check_hostname",
+    }
+)
+_CERT_REQS = ("required", "optional", "none")
+_TIMEOUTS = {"socket_timeout", "socket_connect_timeout"}
+_MULTI_HOST_OPTIONS = TLS_OPTIONS | _TIMEOUTS | {"sentinel_password"}
 _DEFAULT_PORTS = {"redis": 6379, "sentinel": 26379, "cluster": 6379}
 
 
@@ -369,6 +388,23 @@ class StoreAddress:
     db: int = 0
     service_name: str | None = None
     options: dict[str, str] = field(default_factory=dict)
+
+    def tls_kwargs(self) -> dict[str, Any]:
+        """redis-py's ``ssl_*`` arguments for every node (empty without TLS).
+
+        Verification is explicit rather than left to the redis-py version: a certificate
+        is required and must name the host, unless the URL says ``ssl_cert_reqs=none``.
+        """
+        if not self.tls:
+            return {}
+        given = {k: v for k, v in self.options.items() if k in TLS_OPTIONS}
+        cert_reqs = given.get("ssl_cert_reqs", "required").lower()
+        kwargs: dict[str, Any] = {**given, "ssl_cert_reqs": cert_reqs}
+        check = given.get("ssl_check_hostname")
+        kwargs["ssl_check_hostname"] = (
+            cert_reqs != "none" if check is None else check.lower() in ("1", "true", "yes")
+        )
+        return kwargs
 
 
 def parse_store_url(url: str) -> StoreAddress:
@@ -394,13 +430,24 @@ def parse_store_url(url: str) -> StoreAddress:
     hosts = tuple(_host_port(h, _DEFAULT_PORTS[kind], bad) for h in hostlist.split(","))
     parts = [p for p in path.split("/") if p]
     options = dict(parse_qsl(query))
+    tls_given = set(options) & TLS_OPTIONS
+    if tls_given and not tls:
+        raise bad(
+            f"{', '.join(sorted(tls_given))} need TLS: write rediss://, rediss+sentinel:// "
+            f"or rediss+cluster://"
+        )
+    if options.get("ssl_cert_reqs", "required").lower() not in _CERT_REQS:
+        raise bad(f"ssl_cert_reqs must be one of {', '.join(_CERT_REQS)}")
+    if options.get("ssl_check_hostname", "true").lower() not in ("1", "0", "true", "false"):
+        raise bad("ssl_check_hostname must be true or false")
     if kind == "redis":
         if len(hosts) > 1:
             raise bad("several hosts need redis+sentinel:// or redis+cluster://")
         if len(parts) > 1 or (parts and not parts[0].isdigit()):
             raise bad(f"the path {path!r} is not a database number")
         db = int(parts[0]) if parts else 0
-        return StoreAddress(kind, url, tls, hosts, username, password, db)
+        tls_options = {k: v for k, v in options.items() if k in TLS_OPTIONS}
+        return StoreAddress(kind, url, tls, hosts, username, password, db, options=tls_options)
     unknown = set(options) - _MULTI_HOST_OPTIONS
     if unknown:
         raise bad(f"unknown option(s) {', '.join(sorted(unknown))}")

@@ -96,17 +96,23 @@ def connect(url: str, **client_kwargs: Any) -> Any:
     for name in timeouts:
         if name in options:
             kwargs[name] = float(options.pop(name))
+    tls = address.tls_kwargs()
+    for name in tls:
+        options.pop(name, None)
     if address.kind == "redis":
-        return redis.Redis.from_url(url, **kwargs)
+        # the URL's own ssl_* query values reach redis-py too, parsed alike
+        return redis.Redis.from_url(url, **{**kwargs, **tls})
     kwargs.update(username=address.username, password=address.password)
     if address.kind == "cluster":
         nodes = [ClusterNode(host, port) for host, port in address.hosts]
-        return RedisCluster(startup_nodes=nodes, ssl=address.tls, **kwargs)
+        return RedisCluster(startup_nodes=nodes, ssl=address.tls, **tls, **kwargs)
     sentinel_kwargs: dict[str, Any] = {name: kwargs[name] for name in timeouts if name in kwargs}
-    sentinel_kwargs["ssl"] = address.tls
+    sentinel_kwargs.update(ssl=address.tls, **tls)
     if "sentinel_password" in options:
         sentinel_kwargs["password"] = options["sentinel_password"]
-    sentinel = Sentinel(list(address.hosts), sentinel_kwargs=sentinel_kwargs, ssl=address.tls)
+    sentinel = Sentinel(
+        list(address.hosts), sentinel_kwargs=sentinel_kwargs, ssl=address.tls, **tls
+    )
     assert address.service_name is not None
     return sentinel.master_for(address.service_name, db=address.db, **kwargs)
 

@@ -19,7 +19,13 @@ from .envelope import (
     FORMAT_HEADER,
     PUBLISHED_AT_HEADER,
 )
-from .errors import InvalidBrokerURL, InvalidTransportOption, MessageTooLarge, NoBrokerAvailable
+from .errors import (
+    BrokerTLSError,
+    InvalidBrokerURL,
+    InvalidTransportOption,
+    MessageTooLarge,
+    NoBrokerAvailable,
+)
 from .options import BeetleOptions, build_options, parse_url
 from .transport import Transport
 
@@ -33,6 +39,7 @@ __all__ = [
     "FORMAT_HEADER",
     "PUBLISHED_AT_HEADER",
     "BeetleOptions",
+    "BrokerTLSError",
     "InvalidBrokerURL",
     "InvalidTransportOption",
     "MessageTooLarge",

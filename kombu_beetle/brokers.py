@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ from typing import Any
 import amqp
 from kombu.transport import pyamqp
 
+from .errors import BrokerTLSError
 from .options import BeetleOptions, BrokerAddress
 
 logger = logging.getLogger(__name__)
@@ -157,16 +159,19 @@ class BrokerLink:
             "userid": opts.userid,
             "password": opts.password,
             "virtual_host": opts.virtual_host,
-            "ssl": opts.ssl,
             "connect_timeout": opts.connect_timeout_s,
             "heartbeat": opts.heartbeat_s,
             "login_method": "PLAIN",
         }
         kwargs.update(opts.amqp_options)
         kwargs.update(opts.broker_options.get(self.name, {}))
+        kwargs["ssl"] = opts.ssl_for(self.address)
         conn = BrokerConnection(**kwargs)
         try:
             conn.connect()
+        except ssl.SSLError as exc:
+            _drop(conn)
+            raise BrokerTLSError(self.name, exc) from exc
         except BaseException:
             _drop(conn)
             raise

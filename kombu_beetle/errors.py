@@ -48,6 +48,28 @@ class NoBrokerAvailable(OperationalError):
         )
 
 
+class BrokerTLSError(OperationalError):
+    """The TLS handshake with one broker failed: a certificate that does not verify (wrong
+    host name, unknown CA, expired), or a port that does not speak TLS.
+
+    A kombu ``OperationalError``, like any broker being down: the other brokers carry on
+    and this one is tried again with backoff (a renewed certificate fixes it without a
+    restart). The message names the broker and what to check.
+    """
+
+    def __init__(self, broker: str, reason: BaseException) -> None:
+        self.broker = broker
+        self.reason = reason
+        detail = getattr(reason, "verify_message", None) or getattr(reason, "reason", None)
+        detail = str(detail or reason).rstrip(".")
+        super().__init__(
+            f"TLS to broker {broker} failed: {detail}. Check that {broker} is a TLS "
+            f"port (RabbitMQ's listeners.ssl, 5671 by default) and that its certificate names "
+            f"the host written in the URL and is signed by a CA in ssl's ca_certs (or set "
+            f"ssl options for this broker in broker_options)"
+        )
+
+
 class PublishNotConfirmed(OperationalError):
     """No broker confirmed a publish within the confirm timeout (or every one nacked it)."""
 

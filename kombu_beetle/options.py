@@ -11,6 +11,13 @@ a message's body: a larger publish is refused before any byte is written, with
 write within the socket timeout makes a healthy broker look dead; RabbitMQ 3.x
 never tells a client its own limit, so the transport keeps one of its own.
 
+TLS (``ssl``): ``?ssl=1`` in the URL, ``ssl`` in ``broker_transport_options`` or Celery's
+``broker_use_ssl`` (``True``, or py-amqp's dict of ``ca_certs``, ``certfile``, ``keyfile``,
+``cert_reqs``, ...), and per broker ``broker_options={"host:port": {"ssl": {...}}}``. With
+TLS a broker without a port gets 5671, and each broker's certificate is checked against that
+broker's own host name (:meth:`BeetleOptions.ssl_for`): ``server_hostname`` defaults to the
+host written in the URL. Verification is off only when asked for (``cert_reqs=CERT_NONE``).
+
 ``dedup_scopes`` (a dict, or ``"q1=s1,q2=s2"`` in the URL) maps queues to the dedup scope
 workers deduplicate them under (:mod:`kombu_beetle.scopes`); publishers name that scope in
 their trace events, so the audit matches them with the workers' events.
@@ -19,6 +26,7 @@ their trace events, so the audit matches them with the workers' events.
 
 from __future__ import annotations
 
+import ssl as _ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,6 +129,27 @@ class BeetleOptions:
             f"publish_strategy={self.publish_strategy!r}, confirm_publish={self.confirm_publish})"
         )
 
+    def ssl_for(self, broker: BrokerAddress) -> Any:
+        """py-amqp's ``ssl`` argument for ``broker``: False, or options that verify its name.
+
+        The broker's own ``broker_options`` ``ssl`` wins over the shared one. Unless the
+        options name a ``server_hostname`` or turn verification off (``cert_reqs=CERT_NONE``),
+        the broker's host from the URL is the name its certificate must carry: py-amqp
+        checks the certificate's chain but not its name when no ``server_hostname`` is given,
+        so any certificate of the CA would pass for every broker.
+        """
+        tls = self.broker_options.get(broker.name, {}).get("ssl", self.ssl)
+        if not tls:
+            return False
+        tls_options: dict[str, Any] = {} if tls is True else dict(tls)
+        if "context" in tls_options:  # py-amqp's create_default_context() form
+            context = dict(tls_options["context"])
+            context.setdefault("check_hostname", True)
+            tls_options["context"] = context
+        if tls_options.get("cert_reqs", _ssl.CERT_REQUIRED) != _ssl.CERT_NONE:
+            tls_options.setdefault("server_hostname", broker.host)
+        return tls_options or True
+
     @property
     def all_brokers(self) -> tuple[BrokerAddress, ...]:
         return self.brokers + tuple(
@@ -207,6 +236,13 @@ def _as_bool(name: str, value: Any) -> bool:
     raise InvalidTransportOption(f"transport option {name}={value!r} must be a boolean (1/0)")
 
 
+def _as_ssl(value: Any) -> Any:
+    """``ssl``: a flag (``1``/``0`` in a URL) or py-amqp's dict of TLS options, as given."""
+    if isinstance(value, (str, bool)):
+        return _as_bool("ssl", value) if value != "" else False
+    return value or False
+
+
 def _as_number(name: str, value: Any, minimum: float = 0.0) -> float:
     try:
         number = float(value)
@@ -259,7 +295,7 @@ _CONVERTERS: dict[str, tuple[str, Any]] = {
     "trace_dir": ("trace_dir", lambda n, v: str(v) or None),
     "dedup_scopes": ("dedup_scopes", lambda n, v: _as_scopes(n, v)),
     "heartbeat": ("heartbeat_s", lambda n, v: _as_number(n, v, 0)),
-    "ssl": ("ssl", None),
+    "ssl": ("ssl", lambda n, v: _as_ssl(v)),
 }
 KNOWN_OPTIONS = frozenset(_CONVERTERS) | {"additional_subscription_brokers", "broker_options"}
 
@@ -275,7 +311,10 @@ def build_options(
     password: str | None = None,
 ) -> BeetleOptions:
     """Combine the URL, the transport options and kombu's connection arguments."""
-    parsed = parse_url(url, DEFAULT_SSL_PORT if ssl else DEFAULT_PORT)
+    query = dict(parse_qsl(url.partition("?")[2], keep_blank_values=True)) if url else {}
+    ssl = _as_ssl((transport_options or {}).get("ssl", query.get("ssl", ssl)))
+    default_port = DEFAULT_SSL_PORT if ssl else DEFAULT_PORT
+    parsed = parse_url(url, default_port)
     unknown_in_url = set(parsed.query) - KNOWN_OPTIONS
     if unknown_in_url:
         raise InvalidBrokerURL(
@@ -290,7 +329,6 @@ def build_options(
         "userid": parsed.userid or userid or "guest",
         "password": parsed.password if parsed.password is not None else (password or "guest"),
         "virtual_host": parsed.virtual_host,
-        "ssl": ssl,
     }
     if connect_timeout_s:
         values["connect_timeout_s"] = float(connect_timeout_s)
@@ -302,7 +340,7 @@ def build_options(
             field_name, convert = _CONVERTERS[name]
             values[field_name] = convert(name, value) if convert else value
         elif name == "additional_subscription_brokers":
-            values[name] = _as_brokers(url, value, DEFAULT_PORT)
+            values[name] = _as_brokers(url, value, default_port)
         elif name == "broker_options":
             values[name] = dict(value)
         elif name in AMQP_CONNECTION_OPTIONS:
@@ -312,10 +350,7 @@ def build_options(
                 f"unknown beetle transport option {name!r}; known: "
                 f"{', '.join(sorted(KNOWN_OPTIONS | AMQP_CONNECTION_OPTIONS))}"
             )
-    if values.get("ssl") in ("1", "true", "yes"):
-        values["ssl"] = True
-    elif values.get("ssl") in ("0", "false", "no", ""):
-        values["ssl"] = False
+    values["ssl"] = ssl
     values["amqp_options"] = amqp_options
     options = BeetleOptions(**values)
     _validate(url, options)

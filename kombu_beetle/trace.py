@@ -56,6 +56,11 @@ should call :func:`flush_all` on ``worker_process_shutdown``. Files roll by size
 errors are counted in :attr:`TraceWriter.errors` and logged once, never raised. Each process
 writes its own file, ``<host>-<pid>-<role>-<start>-<seq>.jsonl``, so forked pool children
 never interleave writes with their parent; buffers are flushed at interpreter exit.
+
+Events can hold task names and exception text, so trace files are private: each is created
+mode 0600 (whatever the umask) and opened with ``O_NOFOLLOW``, so a symlink planted under
+the file's name (the names are predictable) makes the open fail rather than write through
+it. A directory the tracer creates is mode 0700; an existing one keeps its mode.
 """
 
 from __future__ import annotations
@@ -293,8 +298,8 @@ class TraceWriter:
             self._close_file()
             self._seq += 1
         if self._file is None:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._file = open_private(self.path)
             self._file_bytes = self._file.tell()
             self._file_opened = now
         return self._file
@@ -337,6 +342,25 @@ class TraceWriter:
 
     def __repr__(self) -> str:
         return f"<TraceWriter {self.role} {self.directory} pid={self._pid}>"
+
+
+#: how trace files are opened: append, create 0600, never through a symlink
+_OPEN_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+FILE_MODE = 0o600
+
+
+def open_private(path: Path) -> IO[str]:
+    """Open ``path`` for appending, readable by its owner only; a symlink raises OSError.
+
+    The mode is set at creation, so the file is never readable by others, not even for
+    the moment a ``chmod`` after ``open`` would leave.
+    """
+    fd = os.open(path, _OPEN_FLAGS, FILE_MODE)
+    try:
+        return os.fdopen(fd, "a", encoding="utf-8")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 _cache: dict[tuple[str, str, int], TraceWriter] = {}

@@ -35,7 +35,13 @@ In the URL query or ``broker_transport_options`` (the latter wins):
   brokers' ``max_message_size``; RabbitMQ 3.x does not tell clients its limit.
 * ``additional_subscription_brokers``: ``host:port,...`` consumed from, never
   published to (draining an old broker).
-* ``broker_options``: ``{"host:port": {py-amqp Connection kwargs}}`` per broker.
+* ``ssl`` (off): ``1``, or py-amqp's dict (``ca_certs``, ``certfile``, ``keyfile``,
+  ...; Celery's ``broker_use_ssl`` too).  Brokers without a port then get 5671,
+  and each broker's certificate must name that broker's host as written in the
+  URL (``server_hostname`` per broker); a failed handshake raises
+  ``BrokerTLSError`` naming the broker.
+* ``broker_options``: ``{"host:port": {py-amqp Connection kwargs}}`` per broker,
+  ``ssl`` included.
 * ``trace_dir``: directory for JSON-lines trace events (off by default).
 * py-amqp ``Connection`` options (``read_timeout``, ``socket_settings``, ...)
   pass through.

@@ -51,9 +51,15 @@ class AuditResult:
     files: dict[str, str] = field(default_factory=dict)
 
     @property
+    def empty(self) -> bool:
+        """No valid event at all: the trace is missing, garbage, or the run sent nothing."""
+        return not self.summary["messages"]
+
+    @property
     def ok(self) -> bool:
-        """False when any message is lost, duplicated or unexpected."""
-        return not any(self.summary[v] for v in BAD_VERDICTS)
+        """False when any message is lost, duplicated or unexpected, or none was seen: a
+        trace with no evidence (a wrong path, a garbled file) must not read as clean."""
+        return not self.empty and not any(self.summary[v] for v in BAD_VERDICTS)
 
 
 def build_session(
@@ -171,7 +177,7 @@ def run_audit(
     overall = next((r for r in latency if r["task_name"] == "*"), None)
     summary: dict[str, Any] = {k: counts.get(k, 0) for k in SUMMARY_COUNTS}
     summary.update(
-        ok=not any(summary[v] for v in BAD_VERDICTS),
+        ok=bool(summary["messages"]) and not any(summary[v] for v in BAD_VERDICTS),
         latency_ms=_overall_latency(overall),
         latency_by_task=[r for r in latency if r["task_name"] != "*"],
         brokers=brokers,

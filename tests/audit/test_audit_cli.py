@@ -72,6 +72,18 @@ def test_missing_trace_path_exits_3_with_a_message(shared_spark, tmp_path):
     assert "could not run" in result.output
 
 
+@pytest.mark.parametrize(
+    "content", ['garbage\n{"no": "event"}\n', ""], ids=["garbage", "no-messages"]
+)
+def test_a_trace_without_one_valid_event_exits_3_not_clean(shared_spark, tmp_path, content):
+    (tmp_path / "trace").mkdir()
+    (tmp_path / "trace" / "h-1-worker-0-000.jsonl").write_text(content)
+    result = _run(tmp_path / "trace", tmp_path / "out")
+    assert result.exit_code == 3, result.output
+    assert "no valid trace event" in result.output
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["ok"] is False
+
+
 def test_help_is_fast_because_pyspark_is_imported_only_by_audit():
     code = "import sys, celery_beetle.cli; print('pyspark' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

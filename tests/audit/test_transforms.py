@@ -250,11 +250,12 @@ def test_run_audit_writes_tables_summary_and_a_report_with_images(spark, tmp_pat
     assert "FAIL" in html
 
 
-def test_empty_trace_gives_zero_counts_not_an_error(spark, tmp_path):
+def test_empty_trace_gives_zero_counts_and_no_clean_verdict(spark, tmp_path):
     from celery_beetle.audit import job
 
     (tmp_path / "trace").mkdir()
     (tmp_path / "trace" / "h-1-worker-0-000.jsonl").write_text("")
     result = job.run_audit(spark, str(tmp_path / "trace"), str(tmp_path / "out"))
-    assert result.ok and result.summary["messages"] == 0
-    assert (tmp_path / "out" / "report.html").exists()
+    assert result.empty and not result.ok and result.summary["messages"] == 0
+    assert result.summary["ok"] is False
+    assert "FAIL" in (tmp_path / "out" / "report.html").read_text()

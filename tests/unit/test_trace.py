@@ -234,3 +234,28 @@ def test_every_documented_event_is_accepted(tmp_path):
         w.emit(event, "m1", "q")
     w.flush()
     assert [r["event"] for r in _lines(tmp_path)] == list(EVENTS)
+
+
+def test_trace_files_are_private_whatever_the_umask(tmp_path):
+    old_umask = os.umask(0o000)
+    try:
+        w = _writer(tmp_path / "traces" / "deep")
+        w.emit("completed", "m1", "q")
+        w.close()
+    finally:
+        os.umask(old_umask)
+    (path,) = (tmp_path / "traces" / "deep").glob("*.jsonl")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "traces" / "deep").stat().st_mode) == 0o700
+
+
+def test_a_symlink_planted_at_the_trace_file_name_is_not_followed(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    w = _writer(tmp_path / "traces")
+    (tmp_path / "traces").mkdir()
+    w.path.symlink_to(victim)
+    w.emit("completed", "m1", "q")
+    w.close()
+    assert victim.read_text() == "precious\n"
+    assert w.errors >= 1

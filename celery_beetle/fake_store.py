@@ -146,6 +146,11 @@ class FakeStore(Store):
             self.marks[mark_key] = (REPLAY_STARTED + replay_id, now + mark_ttl_ms)
         return decision
 
+    def replay_mark(self, scope: str, message_id: str) -> str | None:
+        self.round_trips += 1
+        mark = self.marks.get(self.replay_mark_key(scope, message_id))
+        return mark[0] if mark is not None and mark[1] > self.clock() else None
+
     def replay_published(
         self, scope: str, message_id: str, replay_id: str, mark_ttl_ms: int = REPLAY_MARK_TTL_MS
     ) -> None:

@@ -228,6 +228,10 @@ class Store(abc.ABC):
         """The replay's publish is confirmed: mark ``p:<replay_id>``, so a later replay of
         the same dead letter only acks it."""
 
+    @abc.abstractmethod
+    def replay_mark(self, scope: str, message_id: str) -> str | None:
+        """The message's replay mark (``r:<id>`` or ``p:<id>``), None if there is none."""
+
     def replay_mark_key(self, scope: str, message_id: str) -> str:
         return replay_mark_key(self.key_prefix, scope, message_id)
 
@@ -471,6 +475,11 @@ class RedisStore(Store):
         self.round_trips += 1
         mark = self.replay_mark_key(scope, message_id)
         self.client.set(mark, REPLAY_PUBLISHED + replay_id, px=mark_ttl_ms)
+
+    def replay_mark(self, scope: str, message_id: str) -> str | None:
+        self.round_trips += 1
+        value = self.client.get(self.replay_mark_key(scope, message_id))
+        return value.decode() if isinstance(value, bytes) else value
 
     def ping(self) -> bool:
         """True if Redis answers; the worker pauses consuming while it does not."""

@@ -1,0 +1,510 @@
+"""Dead letters an operator can list, inspect and replay: the messages in ``<queue>.dead``.
+
+Two kinds land there. Those the worker publishes when it gives a message up, with
+``x-beetle-dead-*`` headers (:mod:`celery_beetle.deadletter`); and those a broker
+dead-letters through the queue's policy (:mod:`celery_beetle.ops.policies`: expired,
+rejected, overflowed, past a delivery limit), with RabbitMQ's ``x-death`` header. Each
+broker holds its own copies, so every operation reads ``<queue>.dead`` on every broker of
+the URL, and copies of one dead letter (same message, same death) show as one entry.
+
+Browsing takes messages with ``basic.get`` without acking them and closes the channel:
+RabbitMQ puts them back where they were, so a listing never loses or reorders one.
+``<queue>.dead`` is a classic queue, where a redelivery costs nothing (in a quorum queue
+it would count against the delivery limit).
+
+Replay (:func:`replay`) publishes a dead letter back to the queue it came from, redundantly
+(to two brokers), with a fresh attempt budget and a fresh expiry, and runs it exactly once:
+
+1. The store decides (:func:`~celery_beetle.outcome.decide_replay`, one atomic script): a
+   record that cannot run again (absent, or failed with its dead letter stored) is
+   deleted and the message marked ``r:<replay id>``; a completed message is never run
+   again; a message with a copy in flight is left alone.
+2. The message is published with publisher confirms, under its own ``message_id``.
+3. The mark becomes ``p:<replay id>``, then the dead letter's copies are acked, on every
+   broker that holds one. Until then they stay in ``<queue>.dead`` (unacked, and back in
+   the queue when the connection closes).
+
+The replay id is derived from the dead letter (its message id, scope and the time and
+place of its death), not drawn at random, so running a replay again after it was
+interrupted, or twice at once, finds the mark: between steps 1 and 3 it publishes again, and
+the dedup store drops the second copy as a duplicate of the first (same ``message_id``, one
+record); after step 3 it only acks. The record is reset once per dead letter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import amqp
+
+from celery_beetle.deadletter import PREFIX as DEAD_PREFIX
+from celery_beetle.deadletter import dead_letter_queue_name
+from celery_beetle.outcome import Replay, decide_replay
+from celery_beetle.store import REPLAY_MARK_TTL_MS, Store
+from kombu_beetle.brokers import BrokerLink
+from kombu_beetle.envelope import (
+    EXPIRES_AT_HEADER,
+    FLAG_DEGRADED,
+    FLAG_REDUNDANT,
+    FLAGS_HEADER,
+    REPUBLISHED_HEADER,
+)
+from kombu_beetle.options import BeetleOptions, build_options
+from kombu_beetle.scopes import SCOPE_HEADER
+
+__all__ = [
+    "REPLAY_HEADER",
+    "Copy",
+    "DeadLetter",
+    "DeadLetterBrowser",
+    "ReplayResult",
+    "list_dead_letters",
+    "replay",
+]
+
+logger = logging.getLogger(__name__)
+
+#: header of a replayed message: the replay id of the dead letter it came from
+REPLAY_HEADER = "x-beetle-replay"
+#: headers RabbitMQ adds when it dead-letters a message
+_BROKER_DEATH_HEADERS = (
+    "x-death",
+    "x-first-death-queue",
+    "x-first-death-reason",
+    "x-first-death-exchange",
+    "x-last-death-queue",
+    "x-last-death-reason",
+    "x-last-death-exchange",
+)
+#: most dead letters read from one broker in one go
+DEFAULT_LIMIT = 10_000
+_MAX_ARGUMENTS_CHARS = 2_000
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One copy of a dead letter: on which broker, under which delivery tag (while held)."""
+
+    broker: str
+    delivery_tag: int
+
+
+@dataclass
+class DeadLetter:
+    """One dead letter, however many brokers hold a copy of it."""
+
+    message_id: str | None
+    #: the queue it came from: where a replay sends it
+    queue: str
+    scope: str
+    replay_id: str
+    reason: str
+    body: bytes
+    content_type: str
+    content_encoding: str
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+    copies: list[Copy] = field(default_factory=list)
+
+    @property
+    def brokers(self) -> list[str]:
+        return sorted({c.broker for c in self.copies})
+
+    @property
+    def task(self) -> str | None:
+        task = self.headers.get("task")
+        return str(task) if task is not None else None
+
+    @property
+    def dead_at_ms(self) -> int | None:
+        at = self.headers.get(DEAD_PREFIX + "at")
+        if at is not None:
+            return int(at)
+        death = _latest_death(self.headers)
+        when = death.get("time") if death else None
+        if isinstance(when, datetime):
+            return int(when.timestamp() * 1000)
+        return None
+
+    def summary(self) -> dict[str, Any]:
+        """What ``beetle dead-letters list`` shows of it (JSON-ready)."""
+        h = self.headers
+        return {
+            "message_id": self.message_id,
+            "task": self.task,
+            "queue": self.queue,
+            "scope": self.scope,
+            "reason": self.reason,
+            "exception": _text(h.get(DEAD_PREFIX + "exception")),
+            "message": _text(h.get(DEAD_PREFIX + "message")),
+            "attempts": h.get(DEAD_PREFIX + "attempts"),
+            "exceptions": h.get(DEAD_PREFIX + "exceptions"),
+            "dead_at_ms": self.dead_at_ms,
+            "worker": _text(h.get(DEAD_PREFIX + "worker")),
+            "brokers": self.brokers,
+            "replay_id": self.replay_id,
+        }
+
+    def details(self) -> dict[str, Any]:
+        """Everything about it, for ``beetle dead-letters show``: the summary, the
+        traceback, the arguments (cut at 2,000 characters) and every header."""
+        return {
+            **self.summary(),
+            "traceback": _text(self.headers.get(DEAD_PREFIX + "traceback")),
+            "arguments": self.arguments(),
+            "content_type": self.content_type,
+            "headers": {k: _jsonable(v) for k, v in sorted(self.headers.items())},
+        }
+
+    def arguments(self, limit: int = _MAX_ARGUMENTS_CHARS) -> str:
+        """The task's ``(args, kwargs)`` as text (a Celery protocol 2 JSON body), or the
+        body itself; cut at ``limit`` characters."""
+        text = self.body.decode("utf-8", "replace")
+        if self.content_type == "application/json":
+            try:
+                decoded = json.loads(text)
+                if isinstance(decoded, list) and len(decoded) >= 2:
+                    text = json.dumps({"args": decoded[0], "kwargs": decoded[1]})
+            except ValueError:
+                pass
+        if len(text) > limit:
+            return text[:limit] + f"... ({len(text) - limit} more characters)"
+        return text
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _latest_death(headers: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    deaths = headers.get("x-death")
+    if isinstance(deaths, (list, tuple)) and deaths and isinstance(deaths[0], Mapping):
+        return deaths[0]  # RabbitMQ puts the latest death first: the queue it died in here
+    return None
+
+
+def describe(
+    dead_queue: str, headers: Mapping[str, Any], message_id: str | None
+) -> tuple[str, str, str, str]:
+    """``(queue, scope, reason, replay id)`` of a dead letter from its headers. Pure."""
+    base = dead_queue[: -len(".dead")] if dead_queue.endswith(".dead") else dead_queue
+    if DEAD_PREFIX + "reason" in headers:  # the worker's
+        queue = _text(headers.get(DEAD_PREFIX + "queue")) or base
+        scope = _text(headers.get(DEAD_PREFIX + "scope")) or queue
+        reason = _text(headers[DEAD_PREFIX + "reason"]) or "?"
+        death = [
+            _text(headers.get(DEAD_PREFIX + "at")),
+            _text(headers.get(DEAD_PREFIX + "worker")),
+        ]
+    else:  # the broker's, through the queue's policy
+        first = _latest_death(headers) or {}
+        queue = _text(first.get("queue")) or _text(headers.get("x-first-death-queue")) or base
+        scope = _text(headers.get(SCOPE_HEADER)) or queue
+        reason = "broker:" + (_text(first.get("reason")) or "unknown")
+        death = [_text(first.get(k)) for k in ("queue", "reason", "time", "count")]
+    text = "\0".join([scope, message_id or "", *(d or "" for d in death)])
+    return queue, scope, reason, hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def replay_headers(letter: DeadLetter) -> dict[str, Any]:
+    """The headers a replayed message carries: the original ones (its ``x-beetle-flags``
+    back, redundant and not degraded), without the death headers and the old expiry (the
+    transport stamps a fresh one), marked with :data:`REPLAY_HEADER`. Pure."""
+    headers = {
+        k: v
+        for k, v in letter.headers.items()
+        if not k.startswith(DEAD_PREFIX)
+        and k not in _BROKER_DEATH_HEADERS
+        and k != EXPIRES_AT_HEADER
+    }
+    try:
+        flags = int(letter.headers.get(DEAD_PREFIX + "flags", headers.get(FLAGS_HEADER)) or 0)
+    except (TypeError, ValueError):
+        flags = 0
+    headers[FLAGS_HEADER] = (flags | FLAG_REDUNDANT) & ~FLAG_DEGRADED
+    headers[REPLAY_HEADER] = letter.replay_id
+    # a continuation of a traced message, as a retry is: the publisher side does not trace
+    # it as a new publish
+    headers[REPUBLISHED_HEADER] = 1
+    return headers
+
+
+class DeadLetterBrowser:
+    """Reads ``<queue>.dead`` on every broker and holds what it read, unacked, until
+    :meth:`ack` removes a dead letter's copies or :meth:`close` puts the rest back."""
+
+    def __init__(
+        self,
+        url: str,
+        queue: str,
+        *,
+        transport_options: Mapping[str, Any] | None = None,
+        limit: int = DEFAULT_LIMIT,
+    ) -> None:
+        self.options: BeetleOptions = build_options(
+            url, {"connect_timeout": 2.0, **(transport_options or {})}
+        )
+        self.queue = queue
+        self.dead_queue = dead_letter_queue_name(queue)
+        self.limit = limit
+        #: broker -> why it could not be read
+        self.errors: dict[str, str] = {}
+        self._channels: dict[str, Any] = {}
+        self._connections: list[Any] = []
+
+    def __enter__(self) -> DeadLetterBrowser:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def fetch(self) -> list[DeadLetter]:
+        """Every dead letter of the queue, copies grouped, oldest first."""
+        letters: dict[tuple[str, str, str], DeadLetter] = {}
+        for address in self.options.all_brokers:
+            try:
+                conn = BrokerLink(address, self.options).connect()
+            except Exception as exc:
+                self.errors[address.name] = f"{type(exc).__name__}: {exc}"
+                continue
+            self._connections.append(conn)
+            channel = conn.channel()
+            self._channels[address.name] = channel
+            for _ in range(self.limit):
+                try:
+                    message = channel.basic_get(self.dead_queue, no_ack=False)
+                except amqp.exceptions.NotFound:
+                    self._channels[address.name] = conn.channel()  # a 404 closes the channel
+                    break
+                if message is None:
+                    break
+                self._add(letters, address.name, message)
+        return sorted(letters.values(), key=lambda d: (d.dead_at_ms or 0, d.message_id or ""))
+
+    def _add(self, letters: dict[tuple[str, str, str], DeadLetter], broker: str, msg: Any) -> None:
+        properties = dict(msg.properties or {})
+        headers = dict(properties.pop("application_headers", None) or {})
+        message_id = properties.get("message_id")
+        message_id = _text(message_id) if message_id else None
+        queue, scope, reason, replay_id = describe(self.dead_queue, headers, message_id)
+        copy = Copy(broker, msg.delivery_info["delivery_tag"])
+        key = (scope, message_id or f"{broker}#{copy.delivery_tag}", replay_id)
+        if key in letters:
+            letters[key].copies.append(copy)
+            return
+        body = msg.body if isinstance(msg.body, bytes) else str(msg.body).encode()
+        letters[key] = DeadLetter(
+            message_id=message_id,
+            queue=queue,
+            scope=scope,
+            replay_id=replay_id,
+            reason=reason,
+            body=body,
+            content_type=str(properties.get("content_type") or "application/data"),
+            content_encoding=str(properties.get("content_encoding") or "binary"),
+            headers=headers,
+            properties={
+                k: properties[k]
+                for k in ("message_id", "correlation_id", "reply_to", "priority")
+                if properties.get(k)
+            },
+            copies=[copy],
+        )
+
+    def ack(self, letter: DeadLetter) -> None:
+        """Remove every copy of ``letter`` from the brokers that hold one."""
+        for copy in letter.copies:
+            self._channels[copy.broker].basic_ack(copy.delivery_tag)
+
+    def queue_exists(self, queue: str) -> bool:
+        """Does ``queue`` exist on at least one reachable broker?"""
+        for conn in self._connections:
+            channel = conn.channel()
+            try:
+                channel.queue_declare(queue, passive=True)
+                return True
+            except amqp.exceptions.NotFound:
+                continue
+            finally:
+                if channel.is_open:
+                    channel.close()
+        return False
+
+    def close(self) -> None:
+        """Close every connection: the dead letters not acked go back where they were."""
+        for conn in self._connections:
+            try:
+                conn.close()
+            except Exception:  # the broker went away: it requeues them itself
+                conn.collect()
+        self._connections.clear()
+        self._channels.clear()
+
+
+def list_dead_letters(
+    url: str, queue: str, *, transport_options: Mapping[str, Any] | None = None
+) -> tuple[list[DeadLetter], dict[str, str]]:
+    """``(dead letters, {broker: error})`` of ``queue``; nothing is removed."""
+    with DeadLetterBrowser(url, queue, transport_options=transport_options) as browser:
+        return browser.fetch(), browser.errors
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """What a replay did with one dead letter: ``outcome`` is the store's verdict (or
+    ``skipped`` / ``failed``), ``acked``: its copies were removed."""
+
+    letter: DeadLetter
+    outcome: str
+    acked: bool
+    detail: str = ""
+
+
+Publisher = Callable[[DeadLetter, dict[str, Any]], None]
+
+
+def kombu_publisher(url: str, transport_options: Mapping[str, Any] | None = None) -> Any:
+    """A publisher through the ``beetle://`` transport (two brokers, publisher confirms),
+    as a context manager yielding ``publish(letter, headers)``."""
+    from contextlib import contextmanager
+
+    from kombu import Connection
+
+    import kombu_beetle  # noqa: F401  (registers beetle://)
+
+    @contextmanager
+    def opened() -> Any:
+        with Connection(url, transport_options=dict(transport_options or {})) as conn:
+            producer = conn.Producer()
+
+            def publish(letter: DeadLetter, headers: dict[str, Any]) -> None:
+                producer.publish(
+                    letter.body,
+                    exchange="",
+                    routing_key=letter.queue,
+                    content_type=letter.content_type,
+                    content_encoding=letter.content_encoding,
+                    headers=headers,
+                    delivery_mode=2,
+                    retry=True,
+                    retry_policy={"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5},
+                    **letter.properties,
+                )
+
+            yield publish
+
+    return opened()
+
+
+def select(
+    letters: Iterable[DeadLetter],
+    *,
+    ids: Sequence[str] = (),
+    task: str | None = None,
+    everything: bool = False,
+) -> list[DeadLetter]:
+    """The dead letters a replay (or purge) names: by message id, by task, or all."""
+    if not (ids or task or everything):
+        raise ValueError("name the dead letters: message ids, a task, or all of them")
+    wanted = set(ids)
+    return [
+        d
+        for d in letters
+        if everything or (d.message_id in wanted) or (task is not None and d.task == task)
+    ]
+
+
+def replay(
+    url: str,
+    queue: str,
+    store: Store,
+    *,
+    ids: Sequence[str] = (),
+    task: str | None = None,
+    everything: bool = False,
+    dry_run: bool = False,
+    transport_options: Mapping[str, Any] | None = None,
+    publisher: Any = None,
+    mark_ttl_ms: int = REPLAY_MARK_TTL_MS,
+) -> list[ReplayResult]:
+    """Replay the named dead letters of ``queue`` (see the module docstring); each runs
+    once. ``publisher``: a context manager yielding ``publish(letter, headers)`` (default:
+    :func:`kombu_publisher` on ``url``)."""
+    results: list[ReplayResult] = []
+    with DeadLetterBrowser(url, queue, transport_options=transport_options) as browser:
+        chosen = select(browser.fetch(), ids=ids, task=task, everything=everything)
+        if dry_run:
+            for letter in chosen:
+                results.append(_preview(store, letter))
+            return results
+        if chosen and not browser.queue_exists(queue):
+            raise ValueError(
+                f"queue {queue!r} exists on no reachable broker: a replay would be dropped; "
+                "start a worker that declares it first"
+            )
+        with publisher or kombu_publisher(url, transport_options) as publish:
+            for letter in chosen:
+                results.append(_replay_one(browser, store, publish, letter, mark_ttl_ms))
+    return results
+
+
+def _preview(store: Store, letter: DeadLetter) -> ReplayResult:
+    if letter.message_id is None:
+        return ReplayResult(letter, "skipped", False, "no message id: cannot run it once")
+    state = store.peek(letter.scope, letter.message_id)
+    mark = store.replay_mark(letter.scope, letter.message_id)
+    verdict = decide_replay(state, mark, letter.replay_id)
+    return ReplayResult(letter, verdict.value, False, "dry run")
+
+
+def _replay_one(
+    browser: DeadLetterBrowser,
+    store: Store,
+    publish: Publisher,
+    letter: DeadLetter,
+    mark_ttl_ms: int,
+) -> ReplayResult:
+    if letter.message_id is None:
+        return ReplayResult(letter, "skipped", False, "no message id: cannot run it once")
+    verdict = store.replay(letter.scope, letter.message_id, letter.replay_id, mark_ttl_ms)
+    if verdict is Replay.IN_FLIGHT:
+        return ReplayResult(letter, verdict.value, False, "a copy is pending or running: left")
+    if verdict in (Replay.RUN, Replay.REPUBLISH):
+        from kombu.exceptions import OperationalError
+
+        from kombu_beetle.errors import NoBrokerAvailable, PublishNotConfirmed
+
+        try:
+            publish(letter, replay_headers(letter))
+        except (OperationalError, NoBrokerAvailable, PublishNotConfirmed) as exc:
+            # the mark stays r:<id>: running the replay again publishes it then
+            return ReplayResult(letter, "failed", False, f"{type(exc).__name__}: {exc}")
+        store.replay_published(letter.scope, letter.message_id, letter.replay_id, mark_ttl_ms)
+    browser.ack(letter)
+    detail = {
+        Replay.RUN: "published to " + letter.queue,
+        Replay.REPUBLISH: "published again (duplicates are dropped by the dedup store)",
+        Replay.DONE: "replayed before: removed",
+        Replay.COMPLETED: "the message completed: removed, not run again",
+    }[verdict]
+    return ReplayResult(letter, verdict.value, True, detail)

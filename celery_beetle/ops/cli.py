@@ -224,6 +224,13 @@ def _management_options(f: Callable[..., Any]) -> Callable[..., Any]:
                 "--management-port", default=15672, show_default=True, help="On every broker."
             ),
             click.option("--management-tls", is_flag=True, help="https to the management API."),
+            click.option(
+                "--management-url",
+                "management_urls",
+                multiple=True,
+                metavar="HOST:PORT=URL",
+                help="The API of one broker, e.g. rabbit1:5672=https://rabbit1:15671 (repeatable).",
+            ),
             broker_option,
         ]
     ):
@@ -231,10 +238,18 @@ def _management_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-def _clients(broker_url: str, port: int, tls: bool) -> list[Any]:
+def _clients(broker_url: str, port: int, tls: bool, urls: tuple[str, ...]) -> list[Any]:
     from celery_beetle.ops.management import ManagementConfig, clients_for_url
 
-    config = ManagementConfig(port=port, scheme="https" if tls else "http")
+    by_broker = {}
+    for item in urls:
+        broker, sep, url = item.partition("=")
+        if not sep or not url:
+            raise click.BadParameter(
+                f"{item!r}: expected HOST:PORT=URL", param_hint="--management-url"
+            )
+        by_broker[broker] = url
+    config = ManagementConfig(port=port, scheme="https" if tls else "http", urls=by_broker)
     return list(_fail_on_bad_url(lambda: clients_for_url(broker_url, config)))
 
 
@@ -242,13 +257,15 @@ def _clients(broker_url: str, port: int, tls: bool) -> list[Any]:
 @_management_options
 def plan_command(
     config_path: str, names: tuple[str, ...], management_port: int, management_tls: bool,
-    broker_url: str,
+    management_urls: tuple[str, ...], broker_url: str,
 ) -> None:  # fmt: skip
     """What differs between the configuration and each broker; exit 2 on drift."""
     from celery_beetle.ops.policies import plan
 
     config, wanted = _policy_inputs(config_path, names)
-    plans = plan(_clients(broker_url, management_port, management_tls), wanted, config)
+    plans = plan(
+        _clients(broker_url, management_port, management_tls, management_urls), wanted, config
+    )
     drift = _print_plans(plans)
     sys.exit(1 if any(p.error for p in plans) else EXIT_DRIFT if drift else 0)
 
@@ -257,13 +274,15 @@ def plan_command(
 @_management_options
 def apply_command(
     config_path: str, names: tuple[str, ...], management_port: int, management_tls: bool,
-    broker_url: str,
+    management_urls: tuple[str, ...], broker_url: str,
 ) -> None:  # fmt: skip
     """Make every broker match the configuration (writes only what differs)."""
     from celery_beetle.ops.policies import apply
 
     config, wanted = _policy_inputs(config_path, names)
-    plans = apply(_clients(broker_url, management_port, management_tls), wanted, config)
+    plans = apply(
+        _clients(broker_url, management_port, management_tls, management_urls), wanted, config
+    )
     _print_plans(plans)
     click.echo(f"{sum(p.writes for p in plans)} write(s)")
     sys.exit(1 if any(p.error for p in plans) else 0)

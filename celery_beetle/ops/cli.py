@@ -189,6 +189,61 @@ def replay_command(
     sys.exit(1 if any(r.outcome == "failed" for r in results) else 0)
 
 
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _age_s(text: str) -> float:
+    number, unit = text[:-1], text[-1:]
+    if unit not in _UNITS or not number.replace(".", "", 1).isdigit():
+        raise click.BadParameter(f"{text!r}: expected a number and s, m, h or d (e.g. 7d)")
+    return float(number) * _UNITS[unit]
+
+
+@dead_letters.command("purge")
+@click.argument("queue")
+@click.option("--id", "ids", multiple=True, help="Purge this message id (repeatable).")
+@click.option("--task", "task", default=None, help="Purge the dead letters of this task.")
+@click.option("--older-than", "older_than", default=None, help="Only those dead for longer: 7d.")
+@click.option("--all", "everything", is_flag=True, help="Purge every dead letter of QUEUE.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@broker_option
+def purge_command(
+    queue: str,
+    ids: tuple[str, ...],
+    task: str | None,
+    older_than: str | None,
+    everything: bool,
+    yes: bool,
+    broker_url: str,
+) -> None:
+    """Remove dead letters of QUEUE from every broker: only those named."""
+    import time
+
+    from celery_beetle.ops.dead_letters import purge
+
+    if not (ids or task or everything or older_than):
+        raise click.UsageError("name what to purge: --id ID, --task NAME, --older-than AGE, --all")
+    before = None if older_than is None else int((time.time() - _age_s(older_than)) * 1000)
+    named: dict[str, Any] = {
+        "ids": ids,
+        "task": task,
+        "everything": everything,
+        "dead_before_ms": before,
+    }
+    chosen = _fail_on_bad_url(lambda: purge(broker_url, queue, dry_run=True, **named))
+    if not chosen:
+        click.echo("nothing to purge")
+        return
+    for letter in chosen:
+        click.echo(
+            f"{letter.message_id}  {letter.task}  {letter.reason}  {_when(letter.dead_at_ms)}"
+        )
+    if not yes:
+        click.confirm(f"remove these {len(chosen)} dead letter(s) from every broker?", abort=True)
+    removed = purge(broker_url, queue, **named)
+    click.echo(f"{len(removed)} dead letter(s) removed")
+
+
 @click.group("queues")
 def queues() -> None:
     """Queue properties as RabbitMQ policies on every broker: plan, apply."""

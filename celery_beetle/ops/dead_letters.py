@@ -65,6 +65,7 @@ __all__ = [
     "DeadLetterBrowser",
     "ReplayResult",
     "list_dead_letters",
+    "purge",
     "replay",
 ]
 
@@ -422,16 +423,52 @@ def select(
     ids: Sequence[str] = (),
     task: str | None = None,
     everything: bool = False,
+    dead_before_ms: int | None = None,
 ) -> list[DeadLetter]:
-    """The dead letters a replay (or purge) names: by message id, by task, or all."""
-    if not (ids or task or everything):
-        raise ValueError("name the dead letters: message ids, a task, or all of them")
+    """The dead letters a replay (or purge) names: by message id, by task, or all; with
+    ``dead_before_ms``, only among those that died before then."""
+    if not (ids or task or everything or dead_before_ms is not None):
+        raise ValueError("name the dead letters: message ids, a task, an age, or all of them")
     wanted = set(ids)
+    named = ids or task or everything
     return [
         d
         for d in letters
-        if everything or (d.message_id in wanted) or (task is not None and d.task == task)
+        if (
+            not named
+            or everything
+            or d.message_id in wanted
+            or (task is not None and d.task == task)
+        )
+        and (dead_before_ms is None or (d.dead_at_ms is not None and d.dead_at_ms < dead_before_ms))
     ]
+
+
+def purge(
+    url: str,
+    queue: str,
+    *,
+    ids: Sequence[str] = (),
+    task: str | None = None,
+    everything: bool = False,
+    dead_before_ms: int | None = None,
+    dry_run: bool = False,
+    transport_options: Mapping[str, Any] | None = None,
+) -> list[DeadLetter]:
+    """Remove the named dead letters of ``queue`` from every broker (all their copies);
+    returns them. Nothing else is touched: the rest go back where they were."""
+    with DeadLetterBrowser(url, queue, transport_options=transport_options) as browser:
+        chosen = select(
+            browser.fetch(),
+            ids=ids,
+            task=task,
+            everything=everything,
+            dead_before_ms=dead_before_ms,
+        )
+        if not dry_run:
+            for letter in chosen:
+                browser.ack(letter)
+        return chosen
 
 
 def replay(

@@ -19,7 +19,8 @@ added, so an operator can see why without reading worker logs:
 ``x-beetle-dead-traceback``  the last frames, one ``file:line in function`` per line
 ``x-beetle-dead-attempts``   runs so far, and ``x-beetle-dead-exceptions``: failures so far
 ``x-beetle-dead-at``         when, unix ms; ``x-beetle-dead-worker``: who
-``x-beetle-dead-flags``      the original ``x-beetle-flags``
+``x-beetle-dead-flags``      the original ``x-beetle-flags``; ``x-beetle-dead-expires-at``:
+                             the original ``x-beetle-expires-at`` (a replay gets a new one)
 ===========================  ==============================================================
 
 The dead letter is published redundantly, to two brokers, like the message it stands for:
@@ -40,7 +41,7 @@ import traceback
 from typing import Any
 
 from celery_beetle.retry_queue import RawMessage, republish
-from kombu_beetle.envelope import FLAG_REDUNDANT, FLAGS_HEADER
+from kombu_beetle.envelope import EXPIRES_AT_HEADER, FLAG_REDUNDANT, FLAGS_HEADER
 
 __all__ = ["DEAD_HEADERS", "dead_letter_headers", "dead_letter_queue_name", "publish_dead_letter"]
 
@@ -59,6 +60,7 @@ DEAD_HEADERS = tuple(
         "at",
         "worker",
         "flags",
+        "expires-at",
     )
 )
 _MAX_MESSAGE = 1000
@@ -119,6 +121,11 @@ def publish_dead_letter(
     flags = headers.pop(FLAGS_HEADER, None)
     if flags is not None:
         headers[PREFIX + "flags"] = flags
+    # kept as evidence under another name: a publisher's expiry may be the very reason it is
+    # here (``inf``, a list), and the redundant publish would refuse it
+    expires_at = headers.pop(EXPIRES_AT_HEADER, None)
+    if expires_at is not None:
+        headers[PREFIX + "expires-at"] = expires_at
     headers.update(dead_headers)
     headers[FLAGS_HEADER] = FLAG_REDUNDANT  # two copies, on two brokers
     name = dead_letter_queue_name(queue)

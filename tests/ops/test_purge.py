@@ -1,4 +1,4 @@
-"""``beetle dead purge``: removes only the dead letters it names, every copy of them."""
+"""``beetle dead purge`` removes only the dead letters it names, every copy of them; ``list``."""
 
 from __future__ import annotations
 
@@ -59,3 +59,17 @@ def test_the_cli_asks_before_purging_and_yes_skips_the_question(brokers):
     done = runner.invoke(main, ["dead", "purge", "jobs", "--id", "m-1", "--yes"], env=env)
     assert done.exit_code == 0 and "1 dead letter(s) removed" in done.output
     assert ids(brokers) == []
+
+
+def test_list_prints_one_row_per_dead_letter_naming_the_brokers_that_hold_it(brokers):
+    dead_letter(brokers.nodes[:2], brokers.vhost, "m-1")
+    result = CliRunner().invoke(
+        main,
+        ["dead", "list", "jobs"],
+        env={"BEETLE_BROKER_URL": brokers.beetle_url, "COLUMNS": "250"},
+    )
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if "m-1" in line)
+    assert "t.a" in row and "not_retryable" in row
+    assert brokers.nodes[0].host_port in result.output
+    assert "1 dead letter(s)" in result.output

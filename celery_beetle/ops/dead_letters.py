@@ -491,8 +491,8 @@ def replay(
     with DeadLetterBrowser(url, queue, transport_options=transport_options) as browser:
         chosen = select(browser.fetch(), ids=ids, task=task, everything=everything)
         if dry_run:
-            for letter in chosen:
-                results.append(_preview(store, letter))
+            return [_preview(store, letter) for letter in chosen]
+        if not chosen:
             return results
         if chosen and not browser.queue_exists(queue):
             raise ValueError(

@@ -404,7 +404,15 @@ class FleetLock:
         self.ttl_ms = ttl_ms
 
     def acquire(self, owner: str) -> bool:
-        return bool(self.client.set(self.key, owner, nx=True, px=self.ttl_ms))
+        """True if this process does the round. An unreachable Redis skips the round (the
+        worker does not consume meanwhile either); the next round tries again."""
+        import redis
+
+        try:
+            return bool(self.client.set(self.key, owner, nx=True, px=self.ttl_ms))
+        except redis.RedisError as exc:
+            logger.warning("beetle: no queue policy round: the fleet lock is unavailable (%r)", exc)
+            return False
 
 
 class PolicyApplier:

@@ -87,3 +87,15 @@ def test_the_management_api_defaults_to_the_brokers_host_on_15672_and_urls_overr
     assert config.base_url(BrokerAddress("r1", 5672)) == "http://r1:15672"
     assert config.base_url(BrokerAddress("r2", 5672)) == "https://r2.example:15671"
     assert "secret" not in repr(ManagementConfig(password="secret"))
+
+
+def test_an_unreachable_fleet_lock_skips_the_round_instead_of_failing():
+    import redis
+
+    from celery_beetle.ops.policies import FleetLock
+
+    class Down:
+        def set(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            raise redis.ConnectionError("refused")
+
+    assert FleetLock(Down(), "k", 1000).acquire("w1") is False

@@ -25,7 +25,7 @@ The steps of one delivery (see ``design.md``, "Deduplication"):
     Bad input is failed without a run; a failed message's dead letter is owed until the
     worker that published it says so (see :mod:`celery_beetle.state`).
 ``decide_replay``
-    An operator replays a dead letter (:mod:`celery_beetle.ops.dead_letters`): reset the
+    An operator replays a dead letter (:mod:`celery_beetle.ops.replay`): reset the
     record for a fresh run, publish again what a broken-off replay of it began, or leave it.
 
 Every write an owner makes can be retried after a lost reply and is recognised as its own:

@@ -6,8 +6,11 @@ module            what it holds
 ``management``    a small client of RabbitMQ's management HTTP API, one per broker
 ``policies``      queue properties as one policy per queue on every broker (plan, apply, and
                   a background applier for workers)
-``dead_letters``  browse, show and replay the messages in ``<queue>.dead``
-``replay``        the replay rules (pure) that make a replay run a message exactly once
+``dead_letters``  browse, show and purge the messages in ``<queue>.dead`` on every broker
+``replay``        publish dead letters back so that each runs exactly once (the rule it
+                  asks the store for is :func:`celery_beetle.outcome.decide_replay`)
+``worker``        the worker bootstep that keeps its queues' policies applied
+``cli``           ``beetle dead-letters`` and ``beetle queues``
 ================  ==========================================================================
 
 Each operation is a Python function first; ``beetle`` (:mod:`celery_beetle.cli`) is a thin

@@ -146,9 +146,9 @@ def replay_command(
     """Publish dead letters of QUEUE back to it, redundantly, so that each runs once.
 
     A message whose record is completed is not run again; one with a copy in flight is
-    left. Running it again after an interruption is safe: see celery_beetle.ops.dead_letters.
+    left. Running it again after an interruption is safe: see celery_beetle.ops.replay.
     """
-    from celery_beetle.ops.dead_letters import replay
+    from celery_beetle.ops.replay import replay
     from celery_beetle.store import RedisStore
 
     if not (ids or task or everything):

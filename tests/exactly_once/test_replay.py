@@ -11,9 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from celery_beetle.cli import main
-from celery_beetle.ops.dead_letters import kombu_publisher, list_dead_letters, replay
+from celery_beetle.ops.dead_letters import list_dead_letters
 from celery_beetle.ops.management import clients_for_url
 from celery_beetle.ops.policies import PolicyConfig, apply
+from celery_beetle.ops.replay import kombu_publisher, replay
 from celery_beetle.store import RedisStore
 from tests.exactly_once.conftest import FAST, counts
 from tests.harness.waiting import wait_until

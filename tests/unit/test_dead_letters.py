@@ -7,13 +7,8 @@ from datetime import datetime, timezone
 import pytest
 
 from celery_beetle.deadletter import dead_letter_headers
-from celery_beetle.ops.dead_letters import (
-    REPLAY_HEADER,
-    DeadLetter,
-    describe,
-    replay_headers,
-    select,
-)
+from celery_beetle.ops.dead_letters import DeadLetter, describe, select
+from celery_beetle.ops.replay import REPLAY_HEADER, replay_headers
 from celery_beetle.outcome import Replay, decide_replay
 from celery_beetle.state import State, Status
 from kombu_beetle.envelope import EXPIRES_AT_HEADER, FLAGS_HEADER

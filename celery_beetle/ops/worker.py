@@ -30,8 +30,9 @@ from typing import Any
 from celery import bootsteps
 from celery.exceptions import ImproperlyConfigured
 
+from celery_beetle.ops.applier import FleetLock, PolicyApplier
 from celery_beetle.ops.management import ManagementConfig, clients_for_url
-from celery_beetle.ops.policies import FleetLock, PolicyApplier, PolicyConfig
+from celery_beetle.ops.policies import PolicyConfig
 
 __all__ = ["BeetlePolicyStep"]
 

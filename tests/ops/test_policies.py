@@ -7,7 +7,8 @@ import threading
 import pytest
 import redis
 
-from celery_beetle.ops.policies import FleetLock, PolicyApplier, PolicyConfig, apply, plan
+from celery_beetle.ops.applier import FleetLock, PolicyApplier
+from celery_beetle.ops.policies import PolicyConfig, apply, plan
 from tests.harness.waiting import wait_until
 
 pytestmark = pytest.mark.integration

@@ -92,7 +92,7 @@ def test_the_management_api_defaults_to_the_brokers_host_on_15672_and_urls_overr
 def test_an_unreachable_fleet_lock_skips_the_round_instead_of_failing():
     import redis
 
-    from celery_beetle.ops.policies import FleetLock
+    from celery_beetle.ops.applier import FleetLock
 
     class Down:
         def set(self, *args, **kwargs):  # type: ignore[no-untyped-def]

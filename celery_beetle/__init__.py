@@ -40,11 +40,12 @@ def install(app: Any) -> Any:
 
     Adds the gate bootstep to the worker's consumer (it reads and validates ``app.conf``'s
     ``beetle_*`` settings when the worker starts, so a mistake stops the worker before its
-    first message), registers the ``beetle://`` transport, flushes trace events when a
-    pool process exits, and makes Celery's reports (``celery report``, ``celery inspect
-    conf``) censor ``beetle_redis_url`` like its own password settings. With
-    ``beetle_trace_dir`` set (before this call) and a ``beetle://`` broker, publishers trace
-    too (the transport's ``trace_dir`` option), so the audit sees both ends;
+    first message) and the queue-policy step (:mod:`celery_beetle.ops.worker`, idle unless
+    ``beetle_queue_policies`` is set), registers the ``beetle://`` transport, flushes trace
+    events when a pool process exits, and makes Celery's reports (``celery report``,
+    ``celery inspect conf``) censor ``beetle_redis_url`` like its own password settings.
+    With ``beetle_trace_dir`` set (before this call) and a ``beetle://`` broker, publishers
+    trace too (the transport's ``trace_dir`` option), so the audit sees both ends;
     ``beetle_dedup_scopes`` goes to the transport's ``dedup_scopes`` likewise, so that both
     ends name a message by the same scope. Calling it twice is harmless.
     """
@@ -53,11 +54,13 @@ def install(app: Any) -> Any:
     import kombu_beetle  # noqa: F401  (registers beetle://)
     from celery_beetle.bootstep import BeetleGateStep
     from celery_beetle.censor import hide_store_url
+    from celery_beetle.ops.worker import BeetlePolicyStep
 
     hide_store_url()
     if getattr(app, "_beetle_installed", False):
         return app
     app.steps["consumer"].add(BeetleGateStep)
+    app.steps["consumer"].add(BeetlePolicyStep)
     _configure_transport(app)
     worker_process_shutdown.connect(_flush_traces, weak=False)
     app._beetle_installed = True

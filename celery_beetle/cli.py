@@ -5,6 +5,9 @@
 matplotlib, celery) are imported inside the subcommand that needs them, so ``beetle --help``
 and quick subcommands start in a fraction of a second.
 
+``beetle dead-letters`` (``beetle dead``) and ``beetle queues`` live in
+:mod:`celery_beetle.ops.cli`.
+
 Exit status of ``beetle audit``: 0 when the verdict is clean, 1 when any message is lost,
 duplicated or unexpected, 2 for usage errors, 3 when the audit could not run or the trace
 holds no valid event (nothing to judge is not a clean verdict).
@@ -234,6 +237,16 @@ def _print_verdict(summary: dict[str, object], files: dict[str, str], rich_outpu
     console.print(table)
     console.print(f"summary: {files['summary']}\nreport:  {files['report']}")
 
+
+def _register_operations() -> None:
+    from celery_beetle.ops.cli import dead_letters, queues
+
+    main.add_command(dead_letters)
+    main.add_command(dead_letters, "dead")
+    main.add_command(queues)
+
+
+_register_operations()
 
 if __name__ == "__main__":
     main()

@@ -19,12 +19,17 @@ added, so an operator can see why without reading worker logs:
 ``x-beetle-dead-traceback``  the last frames, one ``file:line in function`` per line
 ``x-beetle-dead-attempts``   runs so far, and ``x-beetle-dead-exceptions``: failures so far
 ``x-beetle-dead-at``         when, unix ms; ``x-beetle-dead-worker``: who
-``x-beetle-dead-flags``      the original ``x-beetle-flags``
+``x-beetle-dead-flags``      the original ``x-beetle-flags``; ``x-beetle-dead-expires-at``:
+                             the original ``x-beetle-expires-at`` (a replay gets a new one)
 ===========================  ==============================================================
 
-The dead letter is published once (not redundantly): it is evidence for an operator, and two
-copies of it would be replayed twice. ``x-beetle-dead-flags`` keeps the original flags so
-a replay can publish it redundantly again.
+The dead letter is published redundantly, to two brokers, like the message it stands for:
+losing a broker for good loses no dead letter. Both copies carry the same headers (the same
+``x-beetle-dead-at`` and ``-worker``), so the operator's tools
+(:mod:`celery_beetle.ops.dead_letters`) show them as one dead letter and remove both when it
+is replayed or purged; a replay runs it once however many copies there are.
+``x-beetle-dead-flags`` keeps the original flags (the dead letter's own ``x-beetle-flags``
+say "redundant").
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import traceback
 from typing import Any
 
 from celery_beetle.retry_queue import RawMessage, republish
-from kombu_beetle.envelope import FLAGS_HEADER
+from kombu_beetle.envelope import EXPIRES_AT_HEADER, FLAG_REDUNDANT, FLAGS_HEADER
 
 __all__ = ["DEAD_HEADERS", "dead_letter_headers", "dead_letter_queue_name", "publish_dead_letter"]
 
@@ -55,6 +60,7 @@ DEAD_HEADERS = tuple(
         "at",
         "worker",
         "flags",
+        "expires-at",
     )
 )
 _MAX_MESSAGE = 1000
@@ -109,12 +115,19 @@ def traceback_summary(exc: BaseException) -> str:
 def publish_dead_letter(
     producer: Any, raw: RawMessage, queue: str, dead_headers: dict[str, Any]
 ) -> str:
-    """Publish ``raw`` to ``<queue>.dead`` with ``dead_headers``; returns the queue name."""
+    """Publish ``raw`` to ``<queue>.dead`` with ``dead_headers``, redundantly; returns the
+    queue name."""
     headers = dict(raw.headers)
     flags = headers.pop(FLAGS_HEADER, None)
     if flags is not None:
         headers[PREFIX + "flags"] = flags
+    # kept as evidence under another name: a publisher's expiry may be the very reason it is
+    # here (``inf``, a list), and the redundant publish would refuse it
+    expires_at = headers.pop(EXPIRES_AT_HEADER, None)
+    if expires_at is not None:
+        headers[PREFIX + "expires-at"] = expires_at
     headers.update(dead_headers)
+    headers[FLAGS_HEADER] = FLAG_REDUNDANT  # two copies, on two brokers
     name = dead_letter_queue_name(queue)
     republish(
         producer,

@@ -13,11 +13,14 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from celery_beetle.outcome import (
+    REPLAY_PUBLISHED,
+    REPLAY_STARTED,
     ClaimDecision,
     FailureDecision,
     FenceDecision,
     Limits,
     RejectDecision,
+    Replay,
     decide_claim,
     decide_complete,
     decide_dead_lettered,
@@ -25,10 +28,17 @@ from celery_beetle.outcome import (
     decide_failure,
     decide_reject,
     decide_release,
+    decide_replay,
     key_ttl_ms,
 )
 from celery_beetle.state import MAX_OWNER_LENGTH, MessageFacts, State
-from celery_beetle.store import DEFAULT_KEY_PREFIX, DEFAULT_TTL_MARGIN_MS, Store, wall_clock_ms
+from celery_beetle.store import (
+    DEFAULT_KEY_PREFIX,
+    DEFAULT_TTL_MARGIN_MS,
+    REPLAY_MARK_TTL_MS,
+    Store,
+    wall_clock_ms,
+)
 
 __all__ = ["FakeStore"]
 
@@ -51,6 +61,8 @@ class FakeStore(Store):
         super().__init__(key_prefix=key_prefix, ttl_margin_ms=ttl_margin_ms, clock=clock)
         self.records: dict[str, tuple[State, int]] = {}
         self.seen: dict[str, int] = {}
+        #: replay marks: key -> (value, expires at)
+        self.marks: dict[str, tuple[str, int]] = {}
 
     def __repr__(self) -> str:
         return f"<FakeStore {len(self.records)} records prefix={self.key_prefix!r}>"
@@ -116,6 +128,35 @@ class FakeStore(Store):
         if self._get(key, now) is None:
             return None
         return self.records[key][1] - now
+
+    def replay(
+        self, scope: str, message_id: str, replay_id: str, mark_ttl_ms: int = REPLAY_MARK_TTL_MS
+    ) -> Replay:
+        self.round_trips += 1
+        now = self.clock()
+        mark_key = self.replay_mark_key(scope, message_id)
+        mark = self.marks.get(mark_key)
+        current = mark[0] if mark is not None and mark[1] > now else None
+        key = self._record_key(scope, message_id, now)
+        decision = decide_replay(self._get(key, now), current, replay_id)
+        if decision is Replay.RUN:
+            for record in (self.key(scope, message_id), self.legacy_key(scope, message_id)):
+                if record is not None:
+                    self.records.pop(record, None)
+            self.marks[mark_key] = (REPLAY_STARTED + replay_id, now + mark_ttl_ms)
+        return decision
+
+    def replay_mark(self, scope: str, message_id: str) -> str | None:
+        self.round_trips += 1
+        mark = self.marks.get(self.replay_mark_key(scope, message_id))
+        return mark[0] if mark is not None and mark[1] > self.clock() else None
+
+    def replay_published(
+        self, scope: str, message_id: str, replay_id: str, mark_ttl_ms: int = REPLAY_MARK_TTL_MS
+    ) -> None:
+        self.round_trips += 1
+        mark_key = self.replay_mark_key(scope, message_id)
+        self.marks[mark_key] = (REPLAY_PUBLISHED + replay_id, self.clock() + mark_ttl_ms)
 
     def _apply(
         self, facts: MessageFacts, rule: Callable[[State | None, int], tuple[D, State | None]]

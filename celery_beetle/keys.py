@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import hashlib
 
-__all__ = ["MAX_PLAIN_ID_CHARS", "decode_key", "legacy_key", "record_key"]
+__all__ = ["MAX_PLAIN_ID_CHARS", "decode_key", "legacy_key", "record_key", "replay_mark_key"]
 
 #: Ids longer than this are named by their SHA-256 in the key (form C).
 MAX_PLAIN_ID_CHARS = 200
@@ -58,6 +58,13 @@ def record_key(prefix: str, scope: str, message_id: str) -> str:
     if _RESERVED.isdisjoint(scope) and _RESERVED.isdisjoint(message_id):
         return f"{prefix}{{{scope}:{message_id}}}"
     return f"{prefix}{{{scope}:{message_id}}}#{len(scope)}"
+
+
+def replay_mark_key(prefix: str, scope: str, message_id: str) -> str:
+    """The key of the message's replay mark (:func:`~celery_beetle.outcome.decide_replay`):
+    its record's key and ``~replay``, so it shares the record's hash slot, and never is a
+    record key (those end in ``}``, or ``#``/``%`` and digits)."""
+    return record_key(prefix, scope, message_id) + "~replay"
 
 
 def legacy_key(prefix: str, scope: str, message_id: str) -> str | None:

@@ -24,6 +24,9 @@ The steps of one delivery (see ``design.md``, "Deduplication"):
 ``decide_reject`` / ``decide_dead_lettered``
     Bad input is failed without a run; a failed message's dead letter is owed until the
     worker that published it says so (see :mod:`celery_beetle.state`).
+``decide_replay``
+    An operator replays a dead letter (:mod:`celery_beetle.ops.replay`): reset the
+    record for a fresh run, publish again what a broken-off replay of it began, or leave it.
 
 Every write an owner makes can be retried after a lost reply and is recognised as its own:
 a claim by the same owner gets its lease back (not a second attempt), a completion or a
@@ -55,6 +58,7 @@ __all__ = [
     "Limits",
     "RejectDecision",
     "Rejected",
+    "Replay",
     "decide_claim",
     "decide_complete",
     "decide_dead_lettered",
@@ -63,6 +67,7 @@ __all__ = [
     "decide_gate",
     "decide_reject",
     "decide_release",
+    "decide_replay",
     "key_ttl_ms",
 ]
 
@@ -190,6 +195,16 @@ class FailureDecision:
     reason: GiveUpReason | None = None
     attempts: int = 0
     exceptions: int = 0
+
+
+class Replay(enum.Enum):
+    """What a replay does with one dead letter (:func:`decide_replay`)."""
+
+    RUN = "run"  # the record is reset (deleted) and marked: publish it, then ack the dead letter
+    REPUBLISH = "republish"  # this dead letter's replay began, unconfirmed: publish it again
+    DONE = "done"  # this dead letter was replayed and the publish confirmed: only ack it
+    COMPLETED = "completed"  # the message completed (its twin did): drop the dead letter
+    IN_FLIGHT = "in_flight"  # a copy is pending or running, or its dead letter is owed: leave it
 
 
 class Fence(enum.Enum):
@@ -478,6 +493,38 @@ def decide_dead_lettered(state: State | None) -> tuple[bool, State | None]:
     return True, replace(
         state, dead_letter_owed=False, owner="", lease_deadline_ms=0, retry_not_before_ms=0
     )
+
+
+#: the values of a replay mark: a replay of that dead letter began / its publish was confirmed
+REPLAY_STARTED, REPLAY_PUBLISHED = "r:", "p:"
+
+
+def decide_replay(state: State | None, mark: str | None, replay_id: str) -> Replay:
+    """Replay the dead letter ``replay_id`` of a message whose record is ``state``?
+
+    ``mark`` is the message's replay mark (``r:<id>`` or ``p:<id>``, None if there is none):
+    a replay writes ``r:<replay_id>`` when it resets the record, and ``p:<replay_id>`` once
+    its publish is confirmed. The mark, not the record, says whether *this* dead letter was
+    replayed: the record is reset by the replay and rewritten by the run it causes. So
+    a second replay of one dead letter (after the first one was interrupted, or at once
+    from another terminal) publishes again at most, and the store drops the extra copies
+    as duplicates of the first; it never resets the record a second time.
+
+    Only a record that cannot run again by itself is reset: absent (never run, or expired)
+    or failed with its dead letter stored. A completed record is never reset: a broker may
+    dead-letter one copy (a TTL, a delivery limit) while its twin completes.
+    """
+    if mark == REPLAY_PUBLISHED + replay_id:
+        return Replay.DONE
+    if mark == REPLAY_STARTED + replay_id:
+        return Replay.REPUBLISH
+    if state is None:
+        return Replay.RUN
+    if state.status is Status.COMPLETED:
+        return Replay.COMPLETED
+    if state.status is Status.FAILED and not state.dead_letter_owed:
+        return Replay.RUN
+    return Replay.IN_FLIGHT
 
 
 def key_ttl_ms(state: State, now_ms: int, margin_ms: int) -> int:

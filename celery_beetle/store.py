@@ -43,9 +43,10 @@ import redis
 from redis.cluster import ClusterNode, RedisCluster
 from redis.sentinel import Sentinel
 
-from celery_beetle.keys import legacy_key, record_key
+from celery_beetle.keys import legacy_key, record_key, replay_mark_key
 from celery_beetle.outcome import (
     DEAD_LETTER_LEASE_MS,
+    REPLAY_PUBLISHED,
     Claim,
     ClaimDecision,
     Failure,
@@ -57,6 +58,7 @@ from celery_beetle.outcome import (
     Limits,
     RejectDecision,
     Rejected,
+    Replay,
     decide_gate,
 )
 from celery_beetle.settings import BeetleSettings, parse_store_url
@@ -66,6 +68,7 @@ __all__ = [
     "DEFAULT_KEY_PREFIX",
     "DEFAULT_TTL_MARGIN_MS",
     "DEFAULT_WAIT_TIMEOUT_MS",
+    "REPLAY_MARK_TTL_MS",
     "RedisStore",
     "ReplicaAckTimeout",
     "Store",
@@ -74,6 +77,9 @@ __all__ = [
 ]
 
 DEFAULT_KEY_PREFIX = "beetle:"
+#: how long a replay mark is kept: a dead letter's copy on a broker that was down during its
+#: replay is recognised as replayed for this long (30 days)
+REPLAY_MARK_TTL_MS = 30 * 86_400_000
 DEFAULT_TTL_MARGIN_MS = 3_600_000
 #: how long ``WAIT`` blocks for replica acks; below the socket timeout, so it answers first
 DEFAULT_WAIT_TIMEOUT_MS = 1_000
@@ -214,6 +220,27 @@ class Store(abc.ABC):
     def ttl_ms(self, scope: str, message_id: str) -> int | None:
         """Milliseconds until the record expires; None if there is no record."""
 
+    @abc.abstractmethod
+    def replay(
+        self, scope: str, message_id: str, replay_id: str, mark_ttl_ms: int = REPLAY_MARK_TTL_MS
+    ) -> Replay:
+        """May the dead letter ``replay_id`` of this message be replayed? On RUN the record
+        is deleted and the mark ``r:<replay_id>`` written (:func:`~.outcome.decide_replay`)."""
+
+    @abc.abstractmethod
+    def replay_published(
+        self, scope: str, message_id: str, replay_id: str, mark_ttl_ms: int = REPLAY_MARK_TTL_MS
+    ) -> None:
+        """The replay's publish is confirmed: mark ``p:<replay_id>``, so a later replay of
+        the same dead letter only acks it."""
+
+    @abc.abstractmethod
+    def replay_mark(self, scope: str, message_id: str) -> str | None:
+        """The message's replay mark (``r:<id>`` or ``p:<id>``), None if there is none."""
+
+    def replay_mark_key(self, scope: str, message_id: str) -> str:
+        return replay_mark_key(self.key_prefix, scope, message_id)
+
 
 class RedisStore(Store):
     """The store in Redis (standalone, Sentinel or Cluster), one round trip per call.
@@ -262,6 +289,7 @@ class RedisStore(Store):
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = wait_timeout_ms
         self._scripts = {name: client.register_script(script_source(name)) for name in self.SCRIPTS}
+        self._replay_script = client.register_script(script_source("replay", prepend=False))
 
     @classmethod
     def from_url(
@@ -438,6 +466,27 @@ class RedisStore(Store):
         ttl = next((t for t in ttls if t != -2), -2)
         return None if ttl == -2 else ttl
 
+    def replay(
+        self, scope: str, message_id: str, replay_id: str, mark_ttl_ms: int = REPLAY_MARK_TTL_MS
+    ) -> Replay:
+        self.round_trips += 1
+        keys = [self.replay_mark_key(scope, message_id), *self.record_keys(scope, message_id)]
+        reply = self._replay_script(keys=keys, args=[replay_id, mark_ttl_ms])
+        value = reply[0]
+        return Replay(value.decode() if isinstance(value, bytes) else value)
+
+    def replay_published(
+        self, scope: str, message_id: str, replay_id: str, mark_ttl_ms: int = REPLAY_MARK_TTL_MS
+    ) -> None:
+        self.round_trips += 1
+        mark = self.replay_mark_key(scope, message_id)
+        self.client.set(mark, REPLAY_PUBLISHED + replay_id, px=mark_ttl_ms)
+
+    def replay_mark(self, scope: str, message_id: str) -> str | None:
+        self.round_trips += 1
+        value = self.client.get(self.replay_mark_key(scope, message_id))
+        return value.decode() if isinstance(value, bytes) else value
+
     def ping(self) -> bool:
         """True if Redis answers; the worker pauses consuming while it does not."""
         self.round_trips += 1
@@ -497,8 +546,9 @@ def first_record(replies: Sequence[Sequence[Any]]) -> State | None:
     return None
 
 
-def script_source(name: str) -> str:
+def script_source(name: str, prepend: bool = True) -> str:
     """The text of ``scripts/<name>.lua`` (package data) after ``scripts/record.lua``,
-    which picks the key the script works on."""
+    which picks the key the script works on (not for ``replay.lua``: it reads both keys)."""
     scripts = resources.files("celery_beetle") / "scripts"
-    return (scripts / "record.lua").read_text() + (scripts / f"{name}.lua").read_text()
+    own = (scripts / f"{name}.lua").read_text()
+    return (scripts / "record.lua").read_text() + own if prepend else own

@@ -4,7 +4,8 @@ Starts two local RabbitMQ nodes and a Redis server on free ports (unless BEETLE_
 and BEETLE_REDIS_URL name yours), two Celery workers running ``examples.demo_app``, and
 publishes BeetleTask messages (each to both brokers).  Halfway it kills one broker and one
 worker with SIGKILL, later brings the broker back, and prints what was published,
-completed, dropped as duplicates, and whether every task ran exactly once.
+completed, dropped as duplicates, and whether every task ran exactly once.  It ends with a
+task that fails and is dead-lettered, lists the dead letter, "fixes the bug" and replays it.
 
     python -m examples.demo [--tasks 600] [--audit]
 """
@@ -123,8 +124,9 @@ def main() -> None:
         publisher.join()
         runs = wait_for_runs(base / "runs.log", set(published), timeout=120)
         elapsed = time.monotonic() - started
-        workers[1].stop()
         report(base, published, runs, elapsed)
+        dead_letter_and_replay(app, broker_url, redis_url, base)
+        workers[1].stop()
         if args.audit:
             run_audit(base)
 
@@ -167,6 +169,49 @@ def report(base: Path, published: list[int], runs: Counter[int], elapsed: float)
         console.print(f"[bold red]run twice: {twice[:10]}  never run: {missing[:10]}[/]")
         sys.exit(1)
     console.print(f"trace events in {base / 'trace'}: beetle audit {base / 'trace'} --out DIR")
+
+
+def dead_letter_and_replay(app, broker_url: str, redis_url: str, base: Path) -> None:
+    """A refund fails (a bug), is dead-lettered, listed, and replayed once the bug is fixed."""
+    from celery_beetle.ops.dead_letters import list_dead_letters
+    from celery_beetle.ops.replay import replay
+    from celery_beetle.store import RedisStore
+
+    broken = base / "refunds-broken"
+    broken.touch()
+    app.tasks["demo.refund"].delay(42)
+    console.print("\na refund fails (a bug) and is dead-lettered …")
+    deadline = time.monotonic() + 30
+    letters: list = []
+    while not letters and time.monotonic() < deadline:
+        time.sleep(0.3)
+        letters, _ = list_dead_letters(broker_url, "celery")
+    table = Table(title="beetle dead list celery")
+    for column in ("message id", "task", "reason", "exception", "brokers"):
+        table.add_column(column)
+    for d in letters:
+        s = d.summary()
+        table.add_row(d.message_id, d.task, d.reason, s["message"], ", ".join(d.brokers))
+    console.print(table)
+    broken.unlink()
+    console.print("the bug is fixed: beetle dead replay celery --task demo.refund")
+    store = RedisStore.from_url(redis_url)
+    try:
+        results = replay(broker_url, "celery", store, task="demo.refund")
+    finally:
+        store.close()
+    for r in results:
+        console.print(f"  {r.letter.message_id}: {r.outcome}, {r.detail}")
+    refunds = base / "refunds.log"
+    deadline = time.monotonic() + 30
+    while not (refunds.exists() and refunds.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1)  # the replay's second copy is dropped as a duplicate meanwhile
+    ran = len(refunds.read_text().splitlines()) if refunds.exists() else 0
+    colour = "green" if ran == 1 else "red"
+    console.print(f"[bold {colour}]the replayed refund ran {ran} time(s)[/]")
+    if ran != 1:
+        sys.exit(1)
 
 
 def run_audit(base: Path) -> None:

@@ -2,7 +2,8 @@
 
 Configured from the environment by ``examples/demo.py``: ``BEETLE_BROKER_URL``,
 ``BEETLE_REDIS_URL``, ``BEETLE_DEMO_DIR`` (runs are appended to ``runs.log`` there and trace
-events written under ``trace/``).
+events written under ``trace/``; while ``refunds-broken`` exists there, ``demo.refund``
+fails and is dead-lettered, for the demo's replay at the end).
 """
 
 from __future__ import annotations
@@ -37,5 +38,15 @@ def charge(order_id: int) -> int:
     """Pretend to charge an order; each run is recorded, so the demo can count runs."""
     time.sleep(0.02)
     with open(DEMO_DIR / "runs.log", "a") as runs:
+        runs.write(f"{order_id} {os.getpid()}\n")
+    return order_id
+
+
+@app.task(base=BeetleTask, name="demo.refund", timeout=5, attempts=1)
+def refund(order_id: int) -> int:
+    """Fails (a bug) while ``refunds-broken`` exists: its message is dead-lettered."""
+    if (DEMO_DIR / "refunds-broken").exists():
+        raise RuntimeError(f"refund {order_id}: the payment provider rejected the request")
+    with open(DEMO_DIR / "refunds.log", "a") as runs:
         runs.write(f"{order_id} {os.getpid()}\n")
     return order_id

@@ -15,6 +15,8 @@ publisher with :func:`make_app` on the same brokers:
   sleep, e.g. the one taking over from a worker killed mid-sleep);
 - ``BEETLE_TEST_NEWER`` ``1`` registers ``eo.newer``, a task only the "newer version" of the
   app has (a rolling deploy's older workers do not know it);
+- ``BEETLE_TEST_BROKEN`` a file whose existence makes ``eo.fixable`` fail (a bug "fixed"
+  by deleting it, before a dead letter is replayed);
 - ``BEETLE_TEST_OUT`` a file every run appends lines to:
   ``<event> <item> <pid> <unix time>``, event ``start`` or ``done``.
 """
@@ -89,6 +91,16 @@ def make_app(
     def picky(item: int) -> None:
         note("start", item)
         raise KeyError(f"picky {item} is not worth a retry")
+
+    @app.task(
+        base=BeetleTask, name="eo.fixable", shared=False, **{**options, "retry_on": (ValueError,)}
+    )
+    def fixable(item: int) -> int:
+        note("start", item)
+        if os.path.exists(os.environ.get("BEETLE_TEST_BROKEN", "/nonexistent")):
+            raise KeyError(f"fixable {item} is broken until the file goes")
+        note("done", item)
+        return item
 
     if newer:
 

@@ -111,20 +111,37 @@ def publish_poison(node: Any, vhost: str, poison: Poison, item: int) -> str:
 
 
 def dead_letter_count(brokers: Any, queue: str = "celery.dead") -> int:
-    """Messages in ``queue`` over all nodes, without taking them."""
+    """Messages in ``queue`` over all nodes (each copy of a dead letter), without taking them."""
     return sum(sum(node.queue_depths(brokers.vhost).get(queue, (0, 0))) for node in brokers.nodes)
 
 
-def take_dead_letters(brokers: Any, queue: str = "celery.dead") -> dict[str, list[dict]]:
-    """Drain ``queue`` on every node: the headers of each dead letter, by task id (a list, so
-    that a message dead-lettered twice shows as two entries)."""
+def death_of(headers: dict) -> tuple[Any, ...]:
+    """What the copies of one dead letter share (a dead letter is published to two brokers):
+    the message, when and by whom it was given up."""
+    return (headers.get("id"), headers.get("x-beetle-dead-at"), headers.get("x-beetle-dead-worker"))
+
+
+def take_dead_letters(
+    brokers: Any, queue: str = "celery.dead", *, ack: bool = True
+) -> dict[str, list[dict]]:
+    """Drain ``queue`` on every node (``ack=False``: peek): the headers of each dead letter, by
+    task id (a list, so that a message dead-lettered twice shows as two entries; the two
+    copies of one dead letter show as one)."""
     found: dict[str, list[dict]] = {}
+    seen: set[tuple[Any, ...]] = set()
     for node in brokers.nodes:
         if queue in node.queue_depths(brokers.vhost):
-            for _, properties, _ in node.get_messages(brokers.vhost, queue):
+            for _, properties, _ in node.get_messages(brokers.vhost, queue, ack=ack):
                 headers = properties.headers or {}
-                found.setdefault(str(headers.get("id")), []).append(headers)
+                if death_of(headers) not in seen:
+                    seen.add(death_of(headers))
+                    found.setdefault(str(headers.get("id")), []).append(headers)
     return found
+
+
+def stored_dead_letters(brokers: Any, queue: str = "celery.dead") -> int:
+    """Dead letters in ``queue`` over all nodes, copies counted once, without taking them."""
+    return sum(len(v) for v in take_dead_letters(brokers, queue, ack=False).values())
 
 
 def celery_queue_empty(brokers: Any, queue: str = "celery") -> bool:

@@ -12,8 +12,8 @@ import json
 from tests.exactly_once.conftest import counts
 from tests.exactly_once.poison import (
     celery_queue_empty,
-    dead_letter_count,
     publish_raw,
+    stored_dead_letters,
     take_dead_letters,
     worker_restarted,
 )
@@ -49,7 +49,7 @@ def test_bad_input_whose_dead_letter_fails_stays_queued_until_it_is_stored_once(
     assert wait_until(lambda: "could not dead-letter" in worker.log_text(), timeout=15)
     assert _held(brokers) == 1, "handed back, not acked"
     _unblock_dead_letters(brokers)
-    assert wait_until(lambda: dead_letter_count(brokers) == 1, timeout=30)
+    assert wait_until(lambda: stored_dead_letters(brokers) == 1, timeout=30)
     assert wait_until(lambda: celery_queue_empty(brokers), timeout=15)
     dead = take_dead_letters(brokers)
     assert [h["x-beetle-dead-reason"] for h in dead[task_id]] == ["undecodable"]
@@ -66,7 +66,7 @@ def test_a_give_up_whose_dead_letter_fails_is_dead_lettered_once_it_can_be(
     assert _held(brokers) >= 1, "handed back, not acked"
     _unblock_dead_letters(brokers)
     # the run that gave up owns the dead letter for 30 s; then a copy's worker publishes it
-    assert wait_until(lambda: dead_letter_count(brokers) == 1, timeout=50)
+    assert wait_until(lambda: stored_dead_letters(brokers) == 1, timeout=50)
     assert wait_until(lambda: celery_queue_empty(brokers), timeout=15)
     dead = take_dead_letters(brokers)
     assert [h["x-beetle-dead-reason"] for h in dead[result.id]] == ["not_retryable"]

@@ -6,14 +6,20 @@ import redis
 from celery.result import AsyncResult
 
 from tests.exactly_once.conftest import counts
+from tests.exactly_once.poison import death_of, take_dead_letters
 from tests.harness.waiting import wait_until
 
 
 def _dead_letters(brokers, queue: str = "celery.dead") -> list:
-    found = []
+    """Drain ``queue`` on every node: one (method, properties, body) per dead letter, its
+    copies on two brokers counted once."""
+    found, seen = [], set()
     for node in brokers.nodes:
         if queue in node.queue_depths(brokers.vhost):
-            found += node.get_messages(brokers.vhost, queue)
+            for message in node.get_messages(brokers.vhost, queue):
+                if death_of(message[1].headers) not in seen:
+                    seen.add(death_of(message[1].headers))
+                    found.append(message)
     return found
 
 
@@ -124,9 +130,5 @@ def test_time_limits_derived_from_the_lease_stop_a_run_before_its_lease_ends(
 
 
 def _dead_letters_peek(brokers, queue: str = "celery.dead") -> list[dict]:
-    """The dead letters' headers, leaving them in place."""
-    found = []
-    for node in brokers.nodes:
-        if queue in node.queue_depths(brokers.vhost):
-            found += [p.headers for _, p, _ in node.get_messages(brokers.vhost, queue, ack=False)]
-    return found
+    """The dead letters' headers (copies counted once), leaving them in place."""
+    return [h for hs in take_dead_letters(brokers, queue, ack=False).values() for h in hs]

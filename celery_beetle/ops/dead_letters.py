@@ -1,0 +1,373 @@
+"""Dead letters an operator can list, inspect and replay: the messages in ``<queue>.dead``.
+
+Two kinds land there. Those the worker publishes when it gives a message up, with
+``x-beetle-dead-*`` headers (:mod:`celery_beetle.deadletter`); and those a broker
+dead-letters through the queue's policy (:mod:`celery_beetle.ops.policies`: expired,
+rejected, overflowed, past a delivery limit), with RabbitMQ's ``x-death`` header. Each
+broker holds its own copies, so every operation reads ``<queue>.dead`` on every broker of
+the URL, and copies of one dead letter (same message, same death) show as one entry.
+
+Browsing takes messages with ``basic.get`` without acking them and closes the channel:
+RabbitMQ puts them back where they were, so a listing never loses or reorders one.
+``<queue>.dead`` is a classic queue, where a redelivery costs nothing (in a quorum queue
+it would count against the delivery limit).
+
+Replaying them is :mod:`celery_beetle.ops.replay`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import amqp
+
+from celery_beetle.deadletter import PREFIX as DEAD_PREFIX
+from celery_beetle.deadletter import dead_letter_queue_name
+from kombu_beetle.brokers import BrokerLink
+from kombu_beetle.options import BeetleOptions, build_options
+from kombu_beetle.scopes import SCOPE_HEADER
+
+__all__ = [
+    "Copy",
+    "DeadLetter",
+    "DeadLetterBrowser",
+    "describe",
+    "list_dead_letters",
+    "purge",
+    "select",
+]
+
+logger = logging.getLogger(__name__)
+
+#: headers RabbitMQ adds when it dead-letters a message
+BROKER_DEATH_HEADERS = (
+    "x-death",
+    "x-first-death-queue",
+    "x-first-death-reason",
+    "x-first-death-exchange",
+    "x-last-death-queue",
+    "x-last-death-reason",
+    "x-last-death-exchange",
+)
+#: most dead letters read from one broker in one go
+DEFAULT_LIMIT = 10_000
+_MAX_ARGUMENTS_CHARS = 2_000
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One copy of a dead letter: on which broker, under which delivery tag (while held)."""
+
+    broker: str
+    delivery_tag: int
+
+
+@dataclass
+class DeadLetter:
+    """One dead letter, however many brokers hold a copy of it."""
+
+    message_id: str | None
+    #: the queue it came from: where a replay sends it
+    queue: str
+    scope: str
+    replay_id: str
+    reason: str
+    body: bytes
+    content_type: str
+    content_encoding: str
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+    copies: list[Copy] = field(default_factory=list)
+
+    @property
+    def brokers(self) -> list[str]:
+        return sorted({c.broker for c in self.copies})
+
+    @property
+    def task(self) -> str | None:
+        task = self.headers.get("task")
+        return str(task) if task is not None else None
+
+    @property
+    def dead_at_ms(self) -> int | None:
+        at = self.headers.get(DEAD_PREFIX + "at")
+        if at is not None:
+            return int(at)
+        death = _latest_death(self.headers)
+        when = death.get("time") if death else None
+        if isinstance(when, datetime):
+            return int(when.timestamp() * 1000)
+        return None
+
+    def summary(self) -> dict[str, Any]:
+        """What ``beetle dead-letters list`` shows of it (JSON-ready)."""
+        h = self.headers
+        return {
+            "message_id": self.message_id,
+            "task": self.task,
+            "queue": self.queue,
+            "scope": self.scope,
+            "reason": self.reason,
+            "exception": _text(h.get(DEAD_PREFIX + "exception")),
+            "message": _text(h.get(DEAD_PREFIX + "message")),
+            "attempts": h.get(DEAD_PREFIX + "attempts"),
+            "exceptions": h.get(DEAD_PREFIX + "exceptions"),
+            "dead_at_ms": self.dead_at_ms,
+            "worker": _text(h.get(DEAD_PREFIX + "worker")),
+            "brokers": self.brokers,
+            "replay_id": self.replay_id,
+        }
+
+    def details(self) -> dict[str, Any]:
+        """Everything about it, for ``beetle dead-letters show``: the summary, the
+        traceback, the arguments (cut at 2,000 characters) and every header."""
+        return {
+            **self.summary(),
+            "traceback": _text(self.headers.get(DEAD_PREFIX + "traceback")),
+            "arguments": self.arguments(),
+            "content_type": self.content_type,
+            "headers": {k: _jsonable(v) for k, v in sorted(self.headers.items())},
+        }
+
+    def arguments(self, limit: int = _MAX_ARGUMENTS_CHARS) -> str:
+        """The task's ``(args, kwargs)`` as text (a Celery protocol 2 JSON body), or the
+        body itself; cut at ``limit`` characters."""
+        text = self.body.decode("utf-8", "replace")
+        if self.content_type == "application/json":
+            try:
+                decoded = json.loads(text)
+                if isinstance(decoded, list) and len(decoded) >= 2:
+                    text = json.dumps({"args": decoded[0], "kwargs": decoded[1]})
+            except ValueError:
+                pass
+        if len(text) > limit:
+            return text[:limit] + f"... ({len(text) - limit} more characters)"
+        return text
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _latest_death(headers: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    deaths = headers.get("x-death")
+    if isinstance(deaths, (list, tuple)) and deaths and isinstance(deaths[0], Mapping):
+        return deaths[0]  # RabbitMQ puts the latest death first: the queue it died in here
+    return None
+
+
+def describe(
+    dead_queue: str, headers: Mapping[str, Any], message_id: str | None
+) -> tuple[str, str, str, str]:
+    """``(queue, scope, reason, replay id)`` of a dead letter from its headers. Pure."""
+    base = dead_queue[: -len(".dead")] if dead_queue.endswith(".dead") else dead_queue
+    if DEAD_PREFIX + "reason" in headers:  # the worker's
+        queue = _text(headers.get(DEAD_PREFIX + "queue")) or base
+        scope = _text(headers.get(DEAD_PREFIX + "scope")) or queue
+        reason = _text(headers[DEAD_PREFIX + "reason"]) or "?"
+        death = [
+            _text(headers.get(DEAD_PREFIX + "at")),
+            _text(headers.get(DEAD_PREFIX + "worker")),
+        ]
+    else:  # the broker's, through the queue's policy
+        first = _latest_death(headers) or {}
+        queue = _text(first.get("queue")) or _text(headers.get("x-first-death-queue")) or base
+        scope = _text(headers.get(SCOPE_HEADER)) or queue
+        reason = "broker:" + (_text(first.get("reason")) or "unknown")
+        death = [_text(first.get(k)) for k in ("queue", "reason", "time", "count")]
+    text = "\0".join([scope, message_id or "", *(d or "" for d in death)])
+    return queue, scope, reason, hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class DeadLetterBrowser:
+    """Reads ``<queue>.dead`` on every broker and holds what it read, unacked, until
+    :meth:`ack` removes a dead letter's copies or :meth:`close` puts the rest back."""
+
+    def __init__(
+        self,
+        url: str,
+        queue: str,
+        *,
+        transport_options: Mapping[str, Any] | None = None,
+        limit: int = DEFAULT_LIMIT,
+    ) -> None:
+        self.options: BeetleOptions = build_options(
+            url, {"connect_timeout": 2.0, **(transport_options or {})}
+        )
+        self.queue = queue
+        self.dead_queue = dead_letter_queue_name(queue)
+        self.limit = limit
+        #: broker -> why it could not be read
+        self.errors: dict[str, str] = {}
+        self._channels: dict[str, Any] = {}
+        self._connections: list[Any] = []
+
+    def __enter__(self) -> DeadLetterBrowser:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def fetch(self) -> list[DeadLetter]:
+        """Every dead letter of the queue, copies grouped, oldest first."""
+        letters: dict[tuple[str, str, str], DeadLetter] = {}
+        for address in self.options.all_brokers:
+            try:
+                conn = BrokerLink(address, self.options).connect()
+            except Exception as exc:
+                self.errors[address.name] = f"{type(exc).__name__}: {exc}"
+                continue
+            self._connections.append(conn)
+            channel = conn.channel()
+            self._channels[address.name] = channel
+            for _ in range(self.limit):
+                try:
+                    message = channel.basic_get(self.dead_queue, no_ack=False)
+                except amqp.exceptions.NotFound:
+                    self._channels[address.name] = conn.channel()  # a 404 closes the channel
+                    break
+                if message is None:
+                    break
+                self._add(letters, address.name, message)
+        return sorted(letters.values(), key=lambda d: (d.dead_at_ms or 0, d.message_id or ""))
+
+    def _add(self, letters: dict[tuple[str, str, str], DeadLetter], broker: str, msg: Any) -> None:
+        properties = dict(msg.properties or {})
+        headers = dict(properties.pop("application_headers", None) or {})
+        message_id = properties.get("message_id")
+        message_id = _text(message_id) if message_id else None
+        queue, scope, reason, replay_id = describe(self.dead_queue, headers, message_id)
+        copy = Copy(broker, msg.delivery_info["delivery_tag"])
+        key = (scope, message_id or f"{broker}#{copy.delivery_tag}", replay_id)
+        if key in letters:
+            letters[key].copies.append(copy)
+            return
+        body = msg.body if isinstance(msg.body, bytes) else str(msg.body).encode()
+        letters[key] = DeadLetter(
+            message_id=message_id,
+            queue=queue,
+            scope=scope,
+            replay_id=replay_id,
+            reason=reason,
+            body=body,
+            content_type=str(properties.get("content_type") or "application/data"),
+            content_encoding=str(properties.get("content_encoding") or "binary"),
+            headers=headers,
+            properties={
+                k: properties[k]
+                for k in ("message_id", "correlation_id", "reply_to", "priority")
+                if properties.get(k)
+            },
+            copies=[copy],
+        )
+
+    def ack(self, letter: DeadLetter) -> None:
+        """Remove every copy of ``letter`` from the brokers that hold one."""
+        for copy in letter.copies:
+            self._channels[copy.broker].basic_ack(copy.delivery_tag)
+
+    def queue_exists(self, queue: str) -> bool:
+        """Does ``queue`` exist on at least one reachable broker?"""
+        for conn in self._connections:
+            channel = conn.channel()
+            try:
+                channel.queue_declare(queue, passive=True)
+                return True
+            except amqp.exceptions.NotFound:
+                continue
+            finally:
+                if channel.is_open:
+                    channel.close()
+        return False
+
+    def close(self) -> None:
+        """Close every connection: the dead letters not acked go back where they were."""
+        for conn in self._connections:
+            try:
+                conn.close()
+            except Exception:  # the broker went away: it requeues them itself
+                conn.collect()
+        self._connections.clear()
+        self._channels.clear()
+
+
+def list_dead_letters(
+    url: str, queue: str, *, transport_options: Mapping[str, Any] | None = None
+) -> tuple[list[DeadLetter], dict[str, str]]:
+    """``(dead letters, {broker: error})`` of ``queue``; nothing is removed."""
+    with DeadLetterBrowser(url, queue, transport_options=transport_options) as browser:
+        return browser.fetch(), browser.errors
+
+
+def select(
+    letters: Iterable[DeadLetter],
+    *,
+    ids: Sequence[str] = (),
+    task: str | None = None,
+    everything: bool = False,
+    dead_before_ms: int | None = None,
+) -> list[DeadLetter]:
+    """The dead letters a replay (or purge) names: by message id, by task, or all; with
+    ``dead_before_ms``, only among those that died before then."""
+    if not (ids or task or everything or dead_before_ms is not None):
+        raise ValueError("name the dead letters: message ids, a task, an age, or all of them")
+    wanted = set(ids)
+    named = ids or task or everything
+    return [
+        d
+        for d in letters
+        if (
+            not named
+            or everything
+            or d.message_id in wanted
+            or (task is not None and d.task == task)
+        )
+        and (dead_before_ms is None or (d.dead_at_ms is not None and d.dead_at_ms < dead_before_ms))
+    ]
+
+
+def purge(
+    url: str,
+    queue: str,
+    *,
+    ids: Sequence[str] = (),
+    task: str | None = None,
+    everything: bool = False,
+    dead_before_ms: int | None = None,
+    dry_run: bool = False,
+    transport_options: Mapping[str, Any] | None = None,
+) -> list[DeadLetter]:
+    """Remove the named dead letters of ``queue`` from every broker (all their copies);
+    returns them. Nothing else is touched: the rest go back where they were."""
+    with DeadLetterBrowser(url, queue, transport_options=transport_options) as browser:
+        chosen = select(
+            browser.fetch(),
+            ids=ids,
+            task=task,
+            everything=everything,
+            dead_before_ms=dead_before_ms,
+        )
+        if not dry_run:
+            for letter in chosen:
+                browser.ack(letter)
+        return chosen

@@ -43,6 +43,10 @@ Who emits what:
     scheduled again (``detail.delay_s``); ``dead_lettered`` when it gives up
     (``detail.reason``). ``failed``/``completed`` carry the same ``attempt`` as their
     ``started``, which is how the audit pairs them into runs.
+``replayed`` (``beetle dead-letters replay``, role ``ops``)
+    A dead letter published back to its queue, once the republish is confirmed
+    (``detail = {"replay_id", "queue"}``): the audit counts a message that completes after
+    its replay as replayed, not as unexpected or duplicated.
 
 Writing never blocks or fails a task: ``emit`` only appends to an in-memory buffer; a daemon
 thread writes it out every ``flush_interval_s`` or when ``buffer_bytes`` is reached, and past
@@ -114,6 +118,7 @@ EVENTS = (
     "retried",
     "dead_lettered",
     "expired",
+    "replayed",
 )
 _EVENT_SET = frozenset(EVENTS)
 _OPTIONAL = FIELDS[4:]

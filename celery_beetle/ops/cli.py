@@ -128,6 +128,13 @@ def show_command(queue: str, message_id: str, broker_url: str) -> None:
 @click.option("--task", "task", default=None, help="Replay every dead letter of this task.")
 @click.option("--all", "everything", is_flag=True, help="Replay every dead letter of QUEUE.")
 @click.option("--dry-run", is_flag=True, help="Say what would happen; change nothing.")
+@click.option(
+    "--trace-dir",
+    envvar="BEETLE_TRACE_DIR",
+    default=None,
+    help="Write a 'replayed' trace event per replay here (the workers' beetle_trace_dir), "
+    "so that beetle audit counts replayed messages as replayed.",
+)
 @broker_option
 @redis_option
 @prefix_option
@@ -138,6 +145,7 @@ def replay_command(
     task: str | None,
     everything: bool,
     dry_run: bool,
+    trace_dir: str | None,
     broker_url: str,
     redis_url: str,
     key_prefix: str,
@@ -150,6 +158,7 @@ def replay_command(
     """
     from celery_beetle.ops.replay import replay
     from celery_beetle.store import RedisStore
+    from kombu_beetle.trace import flush_all, get_tracer
 
     if not (ids or task or everything):
         raise click.UsageError("name what to replay: --id ID, --task NAME or --all")
@@ -164,12 +173,14 @@ def replay_command(
                 task=task,
                 everything=everything,
                 dry_run=dry_run,
+                tracer=get_tracer(trace_dir, role="ops"),
             )
         )
     except ValueError as exc:
         raise click.ClickException(str(exc))
     finally:
         store.close()
+        flush_all()
     rows = [
         {
             "message_id": r.letter.message_id,

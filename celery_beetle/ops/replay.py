@@ -129,10 +129,12 @@ def replay(
     transport_options: Mapping[str, Any] | None = None,
     publisher: Any = None,
     mark_ttl_ms: int = REPLAY_MARK_TTL_MS,
+    tracer: Any = None,
 ) -> list[ReplayResult]:
     """Replay the named dead letters of ``queue`` (see the module docstring); each runs
     once. ``publisher``: a context manager yielding ``publish(letter, headers)`` (default:
-    :func:`kombu_publisher` on ``url``)."""
+    :func:`kombu_publisher` on ``url``). ``tracer``: where a ``replayed`` trace event goes
+    once a republish is confirmed (see :mod:`kombu_beetle.trace`)."""
     results: list[ReplayResult] = []
     with DeadLetterBrowser(url, queue, transport_options=transport_options) as browser:
         chosen = select(browser.fetch(), ids=ids, task=task, everything=everything)
@@ -147,7 +149,7 @@ def replay(
             )
         with publisher or kombu_publisher(url, transport_options) as publish:
             for letter in chosen:
-                results.append(_replay_one(browser, store, publish, letter, mark_ttl_ms))
+                results.append(_replay_one(browser, store, publish, letter, mark_ttl_ms, tracer))
     return results
 
 
@@ -166,6 +168,7 @@ def _replay_one(
     publish: Publisher,
     letter: DeadLetter,
     mark_ttl_ms: int,
+    tracer: Any = None,
 ) -> ReplayResult:
     if letter.message_id is None:
         return ReplayResult(letter, "skipped", False, "no message id: cannot run it once")
@@ -183,6 +186,14 @@ def _replay_one(
             # the mark stays r:<id>: running the replay again publishes it then
             return ReplayResult(letter, "failed", False, f"{type(exc).__name__}: {exc}")
         store.replay_published(letter.scope, letter.message_id, letter.replay_id, mark_ttl_ms)
+        if tracer is not None and getattr(tracer, "enabled", False):
+            tracer.emit(
+                "replayed",
+                letter.message_id,
+                queue=letter.scope,
+                task_name=letter.task,
+                detail={"replay_id": letter.replay_id, "queue": letter.queue},
+            )
     browser.ack(letter)
     detail = {
         Replay.RUN: "published to " + letter.queue,

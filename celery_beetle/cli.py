@@ -67,6 +67,11 @@ def _progress(enabled: bool) -> Iterator[Callable[[str], None]]:
     show_default=True,
     help="Sample message ids kept per bad class in summary.json.",
 )
+@click.option(
+    "--tables",
+    is_flag=True,
+    help="Also write Parquet tables (messages by verdict, latency, brokers) under --out.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 def audit(
     trace_path: tuple[str, ...],
@@ -75,13 +80,14 @@ def audit(
     driver_memory: str,
     skew_tolerance_ms: int,
     samples: int,
+    tables: bool,
     quiet: bool,
 ) -> None:
     """Audit trace events: was every message run exactly once?
 
     TRACE_PATH is one or more files, directories or globs, local or any Hadoop URL
-    (s3a://, hdfs://). Writes Parquet tables, summary.json and report.html under --out and
-    exits 1 when any message is lost, duplicated or unexpected.
+    (s3a://, hdfs://). Writes summary.json and report.html (and with --tables the Parquet
+    tables) under --out and exits 1 when any message is lost, duplicated or unexpected.
     """
     try:
         from celery_beetle.audit import job
@@ -101,6 +107,7 @@ def audit(
                 out_dir,
                 skew_tolerance_ms=skew_tolerance_ms,
                 samples_per_class=samples,
+                tables=tables,
                 step=step,
             )
     except Exception as exc:

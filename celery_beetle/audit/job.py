@@ -8,17 +8,23 @@ or under ``spark-submit`` on any cluster::
 Input is any path or glob Hadoop can read (``file:``, ``hdfs:``, ``s3a:``; ``.gz`` files are
 decompressed). Output under ``out``:
 
+``summary.json``, ``report.html``
+    The verdict as counts (what the exit status is based on), and the report for people.
+    The report's plots are drawn from the summary's aggregates, never from rows.
+
+With ``tables=True`` (``beetle audit --tables``), also Parquet tables:
+
 ``messages/verdict=<class>/``
     Parquet, one row per message with every per-message fact, partitioned by verdict so each
     class is a table of its own. ``verdict=malformed`` holds a single row: the count of
     malformed lines and two sample lines.
 ``latency/``, ``brokers/``
     Parquet: latency percentiles per task and queue; deliveries and publishes per broker.
-``summary.json``, ``report.html``
-    The verdict as counts (what the exit status is based on), and the report for people.
 
-The input is read exactly once: the single aggregation writes ``messages/`` and every later
-figure is a small query over that Parquet table.
+The input is read exactly once. The single aggregation (one shuffle) fills a cache of the
+per-message rows, in memory and spilled to local disk beyond it, so memory stays bounded
+whatever the trace's size; every figure after it is a small query over that cache, and the
+tables, when asked for, are written once from it after the verdict is known.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -40,6 +47,8 @@ from celery_beetle.audit.schema import BAD_VERDICTS, SUMMARY_COUNTS
 __all__ = ["AuditResult", "build_session", "main", "run_audit"]
 
 MALFORMED_PARTITION = "malformed"
+#: The step name of the one pass over the input (the progress display names it).
+READ_STEP = "reading trace and grouping events by message"
 
 
 @dataclass
@@ -115,13 +124,17 @@ def run_audit(
     *,
     skew_tolerance_ms: int = transforms.DEFAULT_SKEW_TOLERANCE_MS,
     samples_per_class: int = 5,
+    tables: bool = False,
     step: Callable[[str], None] = lambda _msg: None,
 ) -> AuditResult:
-    """Audit the trace at ``trace_path``; write tables, summary and report under ``out_dir``."""
+    """Audit the trace at ``trace_path``; write the summary and report under ``out_dir``.
+
+    ``tables`` adds the Parquet tables; they are written once, from the cached per-message
+    table, after the verdict is known.
+    """
     started = time.perf_counter()
     out = out_dir.rstrip("/")
     paths = [trace_path] if isinstance(trace_path, str) else list(trace_path)
-    messages_path = f"{out}/messages"
 
     timings: dict[str, float] = {}
     mark = time.perf_counter()
@@ -132,41 +145,61 @@ def run_audit(
         timings[name] = round(now - mark, 1)
         mark = now
 
-    step("reading trace and grouping events by message")
+    sc = spark.sparkContext
+
+    def begin(name: str) -> None:
+        sc.setJobDescription(name)
+        step(name)
+
+    begin(READ_STEP)
     raw = spark.read.schema(transforms.READ_SCHEMA).options(**transforms.read_options()).json(paths)
     facts = transforms.per_message(transforms.mark_malformed(raw))
-    classified = transforms.classify(facts, skew_tolerance_ms)
-    tagged = classified.withColumn(
-        "verdict",
-        F.when(F.col("message_id").isNull(), F.lit(MALFORMED_PARTITION)).otherwise(
-            F.col("verdict")
-        ),
+    # The one pass over the input fills this cache; every figure after it is a small query
+    # over the per-message rows. Blocks that do not fit in memory go to local disk.
+    classified = transforms.classify(facts, skew_tolerance_ms).persist(
+        StorageLevel.MEMORY_AND_DISK
     )
-    _write(tagged, messages_path, partition_by="verdict")
-    lap("read_group_write")
+    try:
+        messages, malformed_df = transforms.split_malformed(classified)
+        totals = transforms.totals(messages)
+        lap("read_and_group")
 
-    step("summarising")
-    # With the schema given, an empty trace (no data files written) reads as an empty table.
-    table = spark.read.schema(tagged.schema).parquet(messages_path)
-    messages = table.where(F.col("verdict") != MALFORMED_PARTITION)
-    malformed = table.where(F.col("verdict") == MALFORMED_PARTITION).first()
-    totals = transforms.totals(messages)
-    counts = {k: totals[k] for k in SUMMARY_COUNTS if k in totals}
-    counts["malformed_lines"] = int(malformed["malformed_lines"]) if malformed else 0
-    bad_lines = (
-        sorted({malformed["bad_line_min"], malformed["bad_line_max"]} - {None}) if malformed else []
-    )
-    # The small tables are collected once, then written from the collected rows: writing
-    # the DataFrame and reading it back would run each query twice.
-    latency_df = transforms.latency_percentiles(messages)
-    latency = [r.asDict() for r in latency_df.collect()]
-    _write(spark.createDataFrame(latency, latency_df.schema), f"{out}/latency")
-    brokers_df = transforms.broker_deliveries(messages)
-    brokers = [r.asDict() for r in brokers_df.collect()]
-    _write(spark.createDataFrame(brokers, brokers_df.schema), f"{out}/brokers")
-    samples = transforms.samples(messages, samples_per_class)
-    samples["malformed_lines"] = [line[:300] for line in bad_lines]
-    lap("summarise")
+        begin("summarising")
+        malformed = malformed_df.first()
+        counts = {k: totals[k] for k in SUMMARY_COUNTS if k in totals}
+        counts["malformed_lines"] = int(malformed["malformed_lines"]) if malformed else 0
+        bad_lines = (
+            sorted({malformed["bad_line_min"], malformed["bad_line_max"]} - {None})
+            if malformed
+            else []
+        )
+        latency_df = transforms.latency_percentiles(messages)
+        latency = [r.asDict() for r in latency_df.collect()]
+        brokers_df = transforms.broker_deliveries(messages)
+        brokers = sorted((r.asDict() for r in brokers_df.collect()), key=lambda r: r["broker"])
+        samples = transforms.samples(messages, samples_per_class)
+        samples["malformed_lines"] = [line[:300] for line in bad_lines]
+        lap("summarise")
+
+        files: dict[str, str] = {}
+        if tables:
+            begin("writing Parquet tables")
+            tagged = classified.withColumn(
+                "verdict",
+                F.when(F.col("message_id").isNull(), F.lit(MALFORMED_PARTITION)).otherwise(
+                    F.col("verdict")
+                ),
+            )
+            files["messages"] = f"{out}/messages"
+            _write(tagged, files["messages"], partition_by="verdict")
+            files["latency"] = f"{out}/latency"
+            _write(latency_df.coalesce(1), files["latency"])
+            files["brokers"] = f"{out}/brokers"
+            _write(brokers_df.coalesce(1), files["brokers"])
+            lap("tables")
+    finally:
+        classified.unpersist()
+        sc.setJobDescription(None)  # type: ignore[arg-type]
 
     overall = next((r for r in latency if r["task_name"] == "*"), None)
     summary: dict[str, Any] = {k: counts.get(k, 0) for k in SUMMARY_COUNTS}
@@ -184,7 +217,7 @@ def run_audit(
     )
 
     step("writing summary and report")
-    files = {"summary": f"{out}/summary.json", "report": f"{out}/report.html"}
+    files.update(summary=f"{out}/summary.json", report=f"{out}/report.html")
     _put_text(spark, files["summary"], json.dumps(summary, indent=2, default=str) + "\n")
     _put_text(spark, files["report"], report.render(summary))
     return AuditResult(summary=summary, out_dir=out, files=files)

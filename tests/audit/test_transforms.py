@@ -231,7 +231,7 @@ def test_run_audit_writes_tables_summary_and_a_report_with_images(spark, tmp_pat
     trace.raw("not json")
     trace.write(tmp_path / "trace")
     out = tmp_path / "out"
-    result = job.run_audit(spark, str(tmp_path / "trace" / "*.jsonl"), str(out))
+    result = job.run_audit(spark, str(tmp_path / "trace" / "*.jsonl"), str(out), tables=True)
     summary = json.loads((out / "summary.json").read_text())
     assert not result.ok and summary["ok"] is False
     assert {k: summary[k] for k in ("messages", "completed_once", "lost", "malformed_lines")} == {

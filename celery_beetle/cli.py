@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
 
 import click
 
@@ -30,22 +31,39 @@ def main() -> None:
     """kombu-beetle / celery-beetle: Celery over N RabbitMQ brokers, exactly once."""
 
 
+def _silent(_msg: str) -> None:
+    """The step callback when there is no terminal to show progress on."""
+
+
+class _Display:
+    """The audit's status line on a terminal: the step's name, tasks done and time left."""
+
+    def __init__(self, status: Any, console: Any) -> None:
+        self.status, self.console = status, console
+        self.current = "starting Spark"
+
+    def step(self, msg: str) -> None:
+        self.console.log(msg)
+        self.current = msg
+        self.status.update(msg)
+
+    def tasks(self, progress: Any) -> None:
+        from celery_beetle.audit.progress import format_progress
+
+        self.status.update(format_progress(self.current, progress))
+
+
 @contextmanager
-def _progress(enabled: bool) -> Iterator[Callable[[str], None]]:
-    """A spinner with the current step on a terminal; silence when piped or under CI."""
+def _progress(enabled: bool) -> Iterator[_Display | None]:
+    """A status line on a terminal; nothing when piped or under CI."""
     if not enabled:
-        yield lambda _msg: None
+        yield None
         return
     from rich.console import Console
 
     console = Console(stderr=True)
     with console.status("starting Spark") as status:
-
-        def step(msg: str) -> None:
-            console.log(msg)
-            status.update(msg)
-
-        yield step
+        yield _Display(status, console)
 
 
 @main.command()
@@ -98,9 +116,12 @@ def audit(
         )
     show = not quiet and sys.stderr.isatty()
     try:
-        with _progress(show) as step:
-            step("starting Spark")
+        with _progress(show) as display, ExitStack() as stack:
             spark = job.build_session(master, driver_memory=driver_memory)
+            if display is not None:
+                from celery_beetle.audit.progress import StageWatcher
+
+                stack.enter_context(StageWatcher(spark.sparkContext.statusTracker(), display.tasks))
             result = job.run_audit(
                 spark,
                 list(trace_path),
@@ -108,7 +129,7 @@ def audit(
                 skew_tolerance_ms=skew_tolerance_ms,
                 samples_per_class=samples,
                 tables=tables,
-                step=step,
+                step=display.step if display else _silent,
             )
     except Exception as exc:
         click.echo(f"beetle audit: the audit could not run: {exc}", err=True)

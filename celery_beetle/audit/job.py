@@ -156,9 +156,7 @@ def run_audit(
     facts = transforms.per_message(transforms.mark_malformed(raw))
     # The one pass over the input fills this cache; every figure after it is a small query
     # over the per-message rows. Blocks that do not fit in memory go to local disk.
-    classified = transforms.classify(facts, skew_tolerance_ms).persist(
-        StorageLevel.MEMORY_AND_DISK
-    )
+    classified = transforms.classify(facts, skew_tolerance_ms).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         messages, malformed_df = transforms.split_malformed(classified)
         totals = transforms.totals(messages)

@@ -47,6 +47,9 @@ from celery_beetle.audit.schema import BAD_VERDICTS, SUMMARY_COUNTS
 __all__ = ["AuditResult", "build_session", "main", "run_audit"]
 
 MALFORMED_PARTITION = "malformed"
+SHUFFLE_BYTES_PER_PARTITION = 128 * 1024 * 1024
+#: Set by :func:`build_session` when the caller chose the shuffle partitions itself.
+SHUFFLE_PARTITIONS_SET = "spark.beetle.audit.shufflePartitionsSet"
 #: The step name of the one pass over the input (the progress display names it).
 READ_STEP = "reading trace and grouping events by message"
 
@@ -92,6 +95,7 @@ def build_session(
     builder = (
         builder.config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions or max(8, 4 * cores)))
+        .config(SHUFFLE_PARTITIONS_SET, "true" if shuffle_partitions else "")
         .config("spark.sql.adaptive.enabled", "true")
         .config("spark.sql.files.maxPartitionBytes", str(128 * 1024 * 1024))
     )
@@ -108,6 +112,31 @@ def build_session(
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def shuffle_partitions_for(spark: SparkSession, paths: list[str]) -> int:
+    """Partitions of the one shuffle: one per 128 MiB of input, at least one per core.
+
+    A 40 MB trace then groups in two tasks instead of sixteen half-empty ones (each with its
+    own start-up and a cached block of its own), and 30 GB in ~240 tasks whose groups fit in
+    memory. Adaptive execution does not coalesce a cached plan's partitions, so they are set
+    here, from the input's size as Hadoop lists it (any file system, globs included).
+    """
+    cores = spark.sparkContext.defaultParallelism
+    return max(cores, -(-_input_bytes(spark, paths) // SHUFFLE_BYTES_PER_PARTITION))
+
+
+def _input_bytes(spark: SparkSession, paths: list[str]) -> int:
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    total = 0
+    for path in paths:
+        hpath = jvm.org.apache.hadoop.fs.Path(path)
+        fs = hpath.getFileSystem(conf)
+        for status in fs.globStatus(hpath) or []:
+            total += fs.getContentSummary(status.getPath()).getLength()
+    return int(total)
 
 
 def _write(df: DataFrame, path: str, partition_by: str | None = None) -> None:
@@ -152,6 +181,9 @@ def run_audit(
         step(name)
 
     begin(READ_STEP)
+    shuffle_before = str(spark.conf.get("spark.sql.shuffle.partitions"))
+    if not spark.conf.get(SHUFFLE_PARTITIONS_SET, None):
+        spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions_for(spark, paths)))
     raw = spark.read.schema(transforms.READ_SCHEMA).options(**transforms.read_options()).json(paths)
     facts = transforms.per_message(transforms.mark_malformed(raw))
     # The one pass over the input fills this cache; every figure after it is a small query
@@ -198,6 +230,7 @@ def run_audit(
     finally:
         classified.unpersist()
         sc.setJobDescription(None)  # type: ignore[arg-type]
+        spark.conf.set("spark.sql.shuffle.partitions", shuffle_before)
 
     overall = next((r for r in latency if r["task_name"] == "*"), None)
     summary: dict[str, Any] = {k: counts.get(k, 0) for k in SUMMARY_COUNTS}

@@ -50,6 +50,31 @@ MALFORMED_PARTITION = "malformed"
 SHUFFLE_BYTES_PER_PARTITION = 128 * 1024 * 1024
 #: Set by :func:`build_session` when the caller chose the shuffle partitions itself.
 SHUFFLE_PARTITIONS_SET = "spark.beetle.audit.shufflePartitionsSet"
+#: Keys an aggregation keeps in a hash map before it sorts instead. Spark's default (128)
+#: makes the per-message grouping sort every partition; one partition of 128 MiB of input
+#: holds about 60,000 messages, so this keeps it hashed, and memory per task stays bounded.
+HASH_AGGREGATE_KEYS = "spark.sql.objectHashAggregate.sortBased.fallbackThreshold"
+HASH_AGGREGATE_MAX_KEYS = 131_072
+#: The per-message columns the summary reads (the cache holds only these without tables).
+SUMMARY_COLUMNS = (
+    "queue",
+    "message_id",
+    "task_name",
+    "verdict",
+    "completion_unobserved",
+    "redundant",
+    "n_published_brokers",
+    "n_retried",
+    "n_completed",
+    "publish_to_start_ms",
+    "start_to_complete_ms",
+    "publish_to_complete_ms",
+    "published_brokers",
+    "delivered_brokers",
+    "malformed_lines",
+    "bad_line_min",
+    "bad_line_max",
+)
 #: The step name of the one pass over the input (the progress display names it).
 READ_STEP = "reading trace and grouping events by message"
 
@@ -181,14 +206,20 @@ def run_audit(
         step(name)
 
     begin(READ_STEP)
-    shuffle_before = str(spark.conf.get("spark.sql.shuffle.partitions"))
+    settings = {HASH_AGGREGATE_KEYS: str(HASH_AGGREGATE_MAX_KEYS)}
     if not spark.conf.get(SHUFFLE_PARTITIONS_SET, None):
-        spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions_for(spark, paths)))
+        settings["spark.sql.shuffle.partitions"] = str(shuffle_partitions_for(spark, paths))
+    restore = {k: str(spark.conf.get(k)) for k in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
     raw = spark.read.schema(transforms.READ_SCHEMA).options(**transforms.read_options()).json(paths)
     facts = transforms.per_message(transforms.mark_malformed(raw))
+    classified = transforms.classify(facts, skew_tolerance_ms)
+    if not tables:  # the summary's columns only: the runs and timestamps are large, and done
+        classified = classified.select(*SUMMARY_COLUMNS)
     # The one pass over the input fills this cache; every figure after it is a small query
     # over the per-message rows. Blocks that do not fit in memory go to local disk.
-    classified = transforms.classify(facts, skew_tolerance_ms).persist(StorageLevel.MEMORY_AND_DISK)
+    classified = classified.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         messages, malformed_df = transforms.split_malformed(classified)
         totals = transforms.totals(messages)
@@ -230,7 +261,8 @@ def run_audit(
     finally:
         classified.unpersist()
         sc.setJobDescription(None)  # type: ignore[arg-type]
-        spark.conf.set("spark.sql.shuffle.partitions", shuffle_before)
+        for key, value in restore.items():
+            spark.conf.set(key, value)
 
     overall = next((r for r in latency if r["task_name"] == "*"), None)
     summary: dict[str, Any] = {k: counts.get(k, 0) for k in SUMMARY_COUNTS}

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -205,6 +206,8 @@ def run_audit(
         sc.setJobDescription(name)
         step(name)
 
+    # Python waits while the JVM works: import the report's plotting library meanwhile.
+    threading.Thread(target=report.warm_up, name="audit-report-import", daemon=True).start()
     begin(READ_STEP)
     settings = {HASH_AGGREGATE_KEYS: str(HASH_AGGREGATE_MAX_KEYS)}
     if not spark.conf.get(SHUFFLE_PARTITIONS_SET, None):

@@ -285,16 +285,18 @@ def redundancy_coverage(classified: DataFrame) -> dict[str, int]:
 
 
 def samples(classified: DataFrame, per_class: int = 5) -> dict[str, list[str]]:
-    """A few ``queue/message_id`` of each bad class, for a person to look up."""
-    out: dict[str, list[str]] = {}
-    for verdict in BAD_VERDICTS:
-        rows = (
-            classified.where(F.col("verdict") == verdict)
-            .select(F.concat_ws("/", "queue", "message_id").alias("id"))
-            .limit(per_class)
-            .collect()
-        )
-        out[verdict] = [r["id"] for r in rows]
+    """A few ``queue/message_id`` of each bad class, for a person to look up; one query."""
+    ids = F.concat_ws("/", "queue", "message_id").alias("id")
+    parts = [
+        classified.where(F.col("verdict") == v).select("verdict", ids).limit(per_class)
+        for v in BAD_VERDICTS
+    ]
+    union = parts[0]
+    for part in parts[1:]:
+        union = union.unionByName(part)
+    out: dict[str, list[str]] = {v: [] for v in BAD_VERDICTS}
+    for row in union.collect():
+        out[row["verdict"]].append(row["id"])
     return out
 
 

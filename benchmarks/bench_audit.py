@@ -5,11 +5,21 @@ time, events/s and peak resident memory of each (the naive process itself; for S
 whole ``beetle audit`` process tree, JVM included), and the ratios. Running two sizes shows
 how memory scales: the naive dict grows with the number of messages, Spark's heap is capped.
 
+Beside every audit it measures the floor (:mod:`benchmarks.audit_floor`: Spark started the
+same way plus one parsing read of the input), so on a shared machine the audit's time beyond
+the floor stays comparable when the load is not. ``--repeat`` runs everything several times,
+interleaved, and reports medians. ``--baseline DIR`` also audits with the source tree in DIR
+(``git archive <commit> | tar -x -C DIR``): before and after, in the same run.
+
 Usage::
 
+    python -m benchmarks.bench_audit --events 138400 --repeat 5 --skip-naive  # 20,000 messages
     python -m benchmarks.bench_audit --events 10000000
     python -m benchmarks.bench_audit --events 1000000,10000000   # memory at two sizes
+    python -m benchmarks.bench_audit --soak        # 100 M events (~30 GB): bounded memory
 
+``--soak`` runs the naive checker under an address-space cap (``--naive-memory-gb``) so that
+it fails with MemoryError instead of taking the machine down, and reports whether it did.
 Traces are cached under ``--dir`` and reused when their expected verdict is there.
 """
 
@@ -18,6 +28,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -38,7 +50,9 @@ CHECKED = (
     "retried_messages",
     "completed_unobserved",
 )
-TARGET_S = 120.0
+TARGET_S = 60.0
+SMALL_TARGET_S = 15.0
+SOAK_EVENTS = 100_000_000
 
 
 def _tree_rss(pid: int) -> tuple[int, int]:
@@ -93,11 +107,25 @@ def _proc_tree_rss(pid: int) -> tuple[int, int]:
     return total, java
 
 
-def measure(cmd: list[str], label: str) -> dict[str, Any]:
-    """Run ``cmd``, sampling the memory of its process tree every 0.2 s."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path[1:]])}
+def measure(
+    cmd: list[str], label: str, *, pythonpath: str | None = None, cap_bytes: int | None = None
+) -> dict[str, Any]:
+    """Run ``cmd``, sampling the memory of its process tree every 0.2 s.
+
+    ``pythonpath`` puts another source tree first (the baseline); ``cap_bytes`` limits the
+    process's address space, so a checker that needs more fails instead of swapping.
+    """
+    first = pythonpath or os.getcwd()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([first, *sys.path[1:]])}
+
+    def limit() -> None:
+        if cap_bytes:
+            resource.setrlimit(resource.RLIMIT_AS, (cap_bytes, cap_bytes))
+
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, preexec_fn=limit
+    )
     peak = peak_java = 0
     while proc.poll() is None:
         total, java = _tree_rss(proc.pid)
@@ -109,7 +137,12 @@ def measure(cmd: list[str], label: str) -> dict[str, Any]:
     try:
         verdict = json.loads(lines[-1])
     except (IndexError, ValueError):
-        sys.exit(f"{label} printed no verdict (exit {proc.returncode}):\n{err.decode()[-3000:]}")
+        if cap_bytes and b"MemoryError" in err:
+            verdict = {"error": "MemoryError"}
+        else:
+            sys.exit(
+                f"{label} printed no verdict (exit {proc.returncode}):\n{err.decode()[-3000:]}"
+            )
     return {
         "label": label,
         "seconds": took,
@@ -136,6 +169,11 @@ def trace_for(events: int, root: Path) -> tuple[Path, dict[str, int]]:
 
 
 def check(result: dict[str, Any], expected: dict[str, int]) -> bool:
+    if result["label"] == "floor":
+        return True
+    if "error" in result["verdict"]:
+        print(f"  {result['label']}: failed with {result['verdict']['error']}")
+        return result["label"] == "naive"  # the soak's point: the naive checker cannot
     wrong = {
         k: (result["verdict"].get(k), expected[k])
         for k in CHECKED
@@ -146,13 +184,43 @@ def check(result: dict[str, Any], expected: dict[str, int]) -> bool:
     return not wrong
 
 
+def _commands(
+    trace: Path, out: Path, a: argparse.Namespace
+) -> list[tuple[str, list[str], str | None]]:
+    """(label, command, PYTHONPATH) of every run for one trace, in the order they run."""
+    py = sys.executable
+    audit = ["-m", "celery_beetle.cli", "audit", str(trace), "--out", str(out), "--quiet"]
+    audit += ["--driver-memory", a.driver_memory]
+    runs: list[tuple[str, list[str], str | None]] = []
+    if not a.skip_naive:
+        runs.append(("naive", [py, "-m", "benchmarks.naive_audit", str(trace)], None))
+    floor = [py, "-m", "benchmarks.audit_floor", str(trace), "--driver-memory", a.driver_memory]
+    runs.append(("floor", floor, None))
+    if a.baseline:
+        runs.append(("before", [py, *audit], str(a.baseline)))
+    runs.append(("spark", [py, *audit], None))
+    return runs
+
+
+def _median(rs: list[dict[str, Any]], key: str) -> float:
+    return float(statistics.median(r[key] for r in rs))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--events", default="10000000", help="comma-separated sizes")
+    p.add_argument("--events", help="comma-separated sizes; 10,000,000 (--soak: 100,000,000)")
     p.add_argument("--dir", default="/tmp/beetle-audit-bench", type=Path)
     p.add_argument("--skip-naive", action="store_true")
     p.add_argument("--driver-memory", default="2g")
+    p.add_argument("--repeat", type=int, default=1, help="runs of each, interleaved; medians")
+    p.add_argument("--baseline", type=Path, help="source tree of the version to compare with")
+    p.add_argument("--soak", action="store_true", help=f"{SOAK_EVENTS:,} events, bounded memory")
+    p.add_argument("--naive-memory-gb", type=float, help="address-space cap of the naive run")
     a = p.parse_args(argv)
+    if a.soak:
+        a.naive_memory_gb = a.naive_memory_gb or 4.0
+    a.events = a.events or str(SOAK_EVENTS if a.soak else 10_000_000)
+    cap = int(a.naive_memory_gb * 2**30) if a.naive_memory_gb else None
     a.dir.mkdir(parents=True, exist_ok=True)
     ok = True
     rows = []
@@ -161,51 +229,59 @@ def main(argv: list[str] | None = None) -> int:
         n = expected["events"]
         size = sum(f.stat().st_size for f in trace.glob("*.jsonl"))
         print(f"\n== {n:,} events, {size / 1e9:.2f} GB, {expected['messages']:,} messages ==")
-        results = []
-        if not a.skip_naive:
-            naive = [sys.executable, "-m", "benchmarks.naive_audit", str(trace)]
-            results.append(measure(naive, "naive"))
-        spark = [
-            sys.executable,
-            "-m",
-            "celery_beetle.cli",
-            "audit",
-            str(trace),
-            "--out",
-            str(a.dir / f"out-{events}"),
-            "--quiet",
-            "--driver-memory",
-            a.driver_memory,
-        ]
-        results.append(measure(spark, "spark"))
-        for r in results:
-            ok &= check(r, expected)
-            r["events"] = n
-            rows.append(r)
-            java = f"  (JVM {r['peak_java'] / 2**20:,.0f} MB)" if r["peak_java"] else ""
+        runs: dict[str, list[dict[str, Any]]] = {}
+        for k in range(a.repeat):
+            for label, cmd, path in _commands(trace, a.dir / f"out-{events}", a):
+                r = measure(
+                    cmd, label, pythonpath=path, cap_bytes=cap if label == "naive" else None
+                )
+                ok &= check(r, expected)
+                r["events"] = n
+                runs.setdefault(label, []).append(r)
+                if a.repeat > 1:
+                    print(f"  run {k + 1}: {label:<6} {r['seconds']:7.1f} s", flush=True)
+        for label, rs in runs.items():
+            secs = _median(rs, "seconds")
+            peak = max(r["peak_rss"] for r in rs)
+            java = max(r["peak_java"] for r in rs)
+            spread = f" ({min(r['seconds'] for r in rs):.1f}-{max(r['seconds'] for r in rs):.1f})"
             print(
-                f"  {r['label']:<6} {r['seconds']:7.1f} s  {n / r['seconds']:>11,.0f} events/s"
-                f"  peak RSS {r['peak_rss'] / 2**20:7,.0f} MB{java}"
+                f"  {label:<6} {secs:7.1f} s{spread if len(rs) > 1 else ''}  "
+                f"{n / secs:>11,.0f} events/s  peak RSS {peak / 2**20:7,.0f} MB"
+                + (f"  (JVM {java / 2**20:,.0f} MB)" if java else "")
             )
-        if len(results) == 2:
-            nv, sp = results
+            rows.append({"label": label, "events": n, "peak_rss": peak})
+        floor = _median(runs["floor"], "seconds")
+        for label in ("before", "spark"):
+            if label in runs:
+                beyond = _median(runs[label], "seconds") - floor
+                print(f"  {label:<6} beyond the floor: {beyond:6.1f} s")
+        if "before" in runs:
+            ratio = _median(runs["before"], "seconds") / _median(runs["spark"], "seconds")
+            print(f"  before/after: x{ratio:.2f}")
+        if "naive" in runs and "error" not in runs["naive"][0]["verdict"]:
+            nv, sp = runs["naive"], runs["spark"]
             print(
-                f"  spark/naive: speed x{nv['seconds'] / sp['seconds']:.2f}, "
-                f"memory x{sp['peak_rss'] / nv['peak_rss']:.2f}"
+                f"  spark/naive: speed x{_median(nv, 'seconds') / _median(sp, 'seconds'):.2f}, "
+                f"memory x{max(r['peak_rss'] for r in sp) / max(r['peak_rss'] for r in nv):.2f}"
             )
-        if n >= 10_000_000:
-            spark_s = results[-1]["seconds"]
-            verdict = "met" if spark_s <= TARGET_S else "NOT met"
-            print(f"  target: 10 M events <= {TARGET_S:.0f} s -> {verdict} ({spark_s:.0f} s)")
+        spark_s = _median(runs["spark"], "seconds")
+        target = TARGET_S if n >= 10_000_000 else SMALL_TARGET_S if n <= 200_000 else None
+        if target and n <= 20_000_000:
+            verdict = "met" if spark_s <= target else "NOT met"
+            print(
+                f"  target: <= {target:.0f} s -> {verdict} ({spark_s:.1f} s, floor {floor:.1f} s)"
+            )
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         print(f"  load average after the run: {load:.1f} on {os.cpu_count()} cores")
-    by_label: dict[str, list[dict[str, Any]]] = {}
-    for r in rows:
-        by_label.setdefault(r["label"], []).append(r)
-    if len(rows) > 2:
+    if len({r["events"] for r in rows}) > 1:
         print("\n== memory vs size ==")
-        for label, rs in by_label.items():
-            cells = ", ".join(f"{r['events']:,}: {r['peak_rss'] / 2**20:,.0f} MB" for r in rs)
+        for label in dict.fromkeys(r["label"] for r in rows):
+            cells = ", ".join(
+                f"{r['events']:,}: {r['peak_rss'] / 2**20:,.0f} MB"
+                for r in rows
+                if r["label"] == label
+            )
             print(f"  {label:<6} {cells}")
     print("\nverdicts: " + ("every run matches the planted verdict" if ok else "MISMATCH"))
     return 0 if ok else 1

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
 
 import click
 
@@ -34,22 +35,39 @@ def main() -> None:
     """kombu-beetle / celery-beetle: Celery over N RabbitMQ brokers, exactly once."""
 
 
+def _silent(_msg: str) -> None:
+    """The step callback when there is no terminal to show progress on."""
+
+
+class _Display:
+    """The audit's status line on a terminal: the step's name, tasks done and time left."""
+
+    def __init__(self, status: Any, console: Any) -> None:
+        self.status, self.console = status, console
+        self.current = "starting Spark"
+
+    def step(self, msg: str) -> None:
+        self.console.log(msg)
+        self.current = msg
+        self.status.update(msg)
+
+    def tasks(self, progress: Any) -> None:
+        from celery_beetle.audit.progress import format_progress
+
+        self.status.update(format_progress(self.current, progress))
+
+
 @contextmanager
-def _progress(enabled: bool) -> Iterator[Callable[[str], None]]:
-    """A spinner with the current step on a terminal; silence when piped or under CI."""
+def _progress(enabled: bool) -> Iterator[_Display | None]:
+    """A status line on a terminal; nothing when piped or under CI."""
     if not enabled:
-        yield lambda _msg: None
+        yield None
         return
     from rich.console import Console
 
     console = Console(stderr=True)
     with console.status("starting Spark") as status:
-
-        def step(msg: str) -> None:
-            console.log(msg)
-            status.update(msg)
-
-        yield step
+        yield _Display(status, console)
 
 
 @main.command()
@@ -71,6 +89,11 @@ def _progress(enabled: bool) -> Iterator[Callable[[str], None]]:
     show_default=True,
     help="Sample message ids kept per bad class in summary.json.",
 )
+@click.option(
+    "--tables",
+    is_flag=True,
+    help="Also write Parquet tables (messages by verdict, latency, brokers) under --out.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 def audit(
     trace_path: tuple[str, ...],
@@ -79,13 +102,14 @@ def audit(
     driver_memory: str,
     skew_tolerance_ms: int,
     samples: int,
+    tables: bool,
     quiet: bool,
 ) -> None:
     """Audit trace events: was every message run exactly once?
 
     TRACE_PATH is one or more files, directories or globs, local or any Hadoop URL
-    (s3a://, hdfs://). Writes Parquet tables, summary.json and report.html under --out and
-    exits 1 when any message is lost, duplicated or unexpected.
+    (s3a://, hdfs://). Writes summary.json and report.html (and with --tables the Parquet
+    tables) under --out and exits 1 when any message is lost, duplicated or unexpected.
     """
     try:
         from celery_beetle.audit import job
@@ -96,16 +120,20 @@ def audit(
         )
     show = not quiet and sys.stderr.isatty()
     try:
-        with _progress(show) as step:
-            step("starting Spark")
+        with _progress(show) as display, ExitStack() as stack:
             spark = job.build_session(master, driver_memory=driver_memory)
+            if display is not None:
+                from celery_beetle.audit.progress import StageWatcher
+
+                stack.enter_context(StageWatcher(spark.sparkContext.statusTracker(), display.tasks))
             result = job.run_audit(
                 spark,
                 list(trace_path),
                 out_dir,
                 skew_tolerance_ms=skew_tolerance_ms,
                 samples_per_class=samples,
-                step=step,
+                tables=tables,
+                step=display.step if display else _silent,
             )
     except Exception as exc:
         click.echo(f"beetle audit: the audit could not run: {exc}", err=True)

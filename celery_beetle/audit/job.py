@@ -8,17 +8,23 @@ or under ``spark-submit`` on any cluster::
 Input is any path or glob Hadoop can read (``file:``, ``hdfs:``, ``s3a:``; ``.gz`` files are
 decompressed). Output under ``out``:
 
+``summary.json``, ``report.html``
+    The verdict as counts (what the exit status is based on), and the report for people.
+    The report's plots are drawn from the summary's aggregates, never from rows.
+
+With ``tables=True`` (``beetle audit --tables``), also Parquet tables:
+
 ``messages/verdict=<class>/``
     Parquet, one row per message with every per-message fact, partitioned by verdict so each
     class is a table of its own. ``verdict=malformed`` holds a single row: the count of
     malformed lines and two sample lines.
 ``latency/``, ``brokers/``
     Parquet: latency percentiles per task and queue; deliveries and publishes per broker.
-``summary.json``, ``report.html``
-    The verdict as counts (what the exit status is based on), and the report for people.
 
-The input is read exactly once: the single aggregation writes ``messages/`` and every later
-figure is a small query over that Parquet table.
+The input is read exactly once. The single aggregation (one shuffle) fills a cache of the
+per-message rows, in memory and spilled to local disk beyond it, so memory stays bounded
+whatever the trace's size; every figure after it is a small query over that cache, and the
+tables, when asked for, are written once from it after the verdict is known.
 """
 
 from __future__ import annotations
@@ -26,11 +32,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -40,6 +48,36 @@ from celery_beetle.audit.schema import BAD_VERDICTS, SUMMARY_COUNTS
 __all__ = ["AuditResult", "build_session", "main", "run_audit"]
 
 MALFORMED_PARTITION = "malformed"
+SHUFFLE_BYTES_PER_PARTITION = 128 * 1024 * 1024
+#: Set by :func:`build_session` when the caller chose the shuffle partitions itself.
+SHUFFLE_PARTITIONS_SET = "spark.beetle.audit.shufflePartitionsSet"
+#: Keys an aggregation keeps in a hash map before it sorts instead. Spark's default (128)
+#: makes the per-message grouping sort every partition; one partition of 128 MiB of input
+#: holds about 60,000 messages, so this keeps it hashed, and memory per task stays bounded.
+HASH_AGGREGATE_KEYS = "spark.sql.objectHashAggregate.sortBased.fallbackThreshold"
+HASH_AGGREGATE_MAX_KEYS = 131_072
+#: The per-message columns the summary reads (the cache holds only these without tables).
+SUMMARY_COLUMNS = (
+    "queue",
+    "message_id",
+    "task_name",
+    "verdict",
+    "completion_unobserved",
+    "redundant",
+    "n_published_brokers",
+    "n_retried",
+    "n_completed",
+    "publish_to_start_ms",
+    "start_to_complete_ms",
+    "publish_to_complete_ms",
+    "published_brokers",
+    "delivered_brokers",
+    "malformed_lines",
+    "bad_line_min",
+    "bad_line_max",
+)
+#: The step name of the one pass over the input (the progress display names it).
+READ_STEP = "reading trace and grouping events by message"
 
 
 @dataclass
@@ -89,6 +127,7 @@ def build_session(
     builder = (
         builder.config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions or max(8, 4 * cores)))
+        .config(SHUFFLE_PARTITIONS_SET, "true" if shuffle_partitions else "")
         .config("spark.sql.adaptive.enabled", "true")
         .config("spark.sql.files.maxPartitionBytes", str(128 * 1024 * 1024))
     )
@@ -107,6 +146,31 @@ def build_session(
     return spark
 
 
+def shuffle_partitions_for(spark: SparkSession, paths: list[str]) -> int:
+    """Partitions of the one shuffle: one per 128 MiB of input, at least one per core.
+
+    A 40 MB trace then groups in two tasks instead of sixteen half-empty ones (each with its
+    own start-up and a cached block of its own), and 30 GB in ~240 tasks whose groups fit in
+    memory. Adaptive execution does not coalesce a cached plan's partitions, so they are set
+    here, from the input's size as Hadoop lists it (any file system, globs included).
+    """
+    cores = spark.sparkContext.defaultParallelism
+    return max(cores, -(-_input_bytes(spark, paths) // SHUFFLE_BYTES_PER_PARTITION))
+
+
+def _input_bytes(spark: SparkSession, paths: list[str]) -> int:
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    total = 0
+    for path in paths:
+        hpath = jvm.org.apache.hadoop.fs.Path(path)
+        fs = hpath.getFileSystem(conf)
+        for status in fs.globStatus(hpath) or []:
+            total += fs.getContentSummary(status.getPath()).getLength()
+    return int(total)
+
+
 def _write(df: DataFrame, path: str, partition_by: str | None = None) -> None:
     writer = df.write.mode("overwrite")
     if partition_by:
@@ -121,13 +185,17 @@ def run_audit(
     *,
     skew_tolerance_ms: int = transforms.DEFAULT_SKEW_TOLERANCE_MS,
     samples_per_class: int = 5,
+    tables: bool = False,
     step: Callable[[str], None] = lambda _msg: None,
 ) -> AuditResult:
-    """Audit the trace at ``trace_path``; write tables, summary and report under ``out_dir``."""
+    """Audit the trace at ``trace_path``; write the summary and report under ``out_dir``.
+
+    ``tables`` adds the Parquet tables; they are written once, from the cached per-message
+    table, after the verdict is known.
+    """
     started = time.perf_counter()
     out = out_dir.rstrip("/")
     paths = [trace_path] if isinstance(trace_path, str) else list(trace_path)
-    messages_path = f"{out}/messages"
 
     timings: dict[str, float] = {}
     mark = time.perf_counter()
@@ -138,41 +206,72 @@ def run_audit(
         timings[name] = round(now - mark, 1)
         mark = now
 
-    step("reading trace and grouping events by message")
+    sc = spark.sparkContext
+
+    def begin(name: str) -> None:
+        sc.setJobDescription(name)
+        step(name)
+
+    # Python waits while the JVM works: import the report's plotting library meanwhile.
+    threading.Thread(target=report.warm_up, name="audit-report-import", daemon=True).start()
+    begin(READ_STEP)
+    settings = {HASH_AGGREGATE_KEYS: str(HASH_AGGREGATE_MAX_KEYS)}
+    if not spark.conf.get(SHUFFLE_PARTITIONS_SET, None):
+        settings["spark.sql.shuffle.partitions"] = str(shuffle_partitions_for(spark, paths))
+    restore = {k: str(spark.conf.get(k)) for k in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
     raw = spark.read.schema(transforms.READ_SCHEMA).options(**transforms.read_options()).json(paths)
     facts = transforms.per_message(transforms.mark_malformed(raw))
     classified = transforms.classify(facts, skew_tolerance_ms)
-    tagged = classified.withColumn(
-        "verdict",
-        F.when(F.col("message_id").isNull(), F.lit(MALFORMED_PARTITION)).otherwise(
-            F.col("verdict")
-        ),
-    )
-    _write(tagged, messages_path, partition_by="verdict")
-    lap("read_group_write")
+    if not tables:  # the summary's columns only: the runs and timestamps are large, and done
+        classified = classified.select(*SUMMARY_COLUMNS)
+    # The one pass over the input fills this cache; every figure after it is a small query
+    # over the per-message rows. Blocks that do not fit in memory go to local disk.
+    classified = classified.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        messages, malformed_df = transforms.split_malformed(classified)
+        totals = transforms.totals(messages)
+        lap("read_and_group")
 
-    step("summarising")
-    # With the schema given, an empty trace (no data files written) reads as an empty table.
-    table = spark.read.schema(tagged.schema).parquet(messages_path)
-    messages = table.where(F.col("verdict") != MALFORMED_PARTITION)
-    malformed = table.where(F.col("verdict") == MALFORMED_PARTITION).first()
-    totals = transforms.totals(messages)
-    counts = {k: totals[k] for k in SUMMARY_COUNTS if k in totals}
-    counts["malformed_lines"] = int(malformed["malformed_lines"]) if malformed else 0
-    bad_lines = (
-        sorted({malformed["bad_line_min"], malformed["bad_line_max"]} - {None}) if malformed else []
-    )
-    # The small tables are collected once, then written from the collected rows: writing
-    # the DataFrame and reading it back would run each query twice.
-    latency_df = transforms.latency_percentiles(messages)
-    latency = [r.asDict() for r in latency_df.collect()]
-    _write(spark.createDataFrame(latency, latency_df.schema), f"{out}/latency")
-    brokers_df = transforms.broker_deliveries(messages)
-    brokers = [r.asDict() for r in brokers_df.collect()]
-    _write(spark.createDataFrame(brokers, brokers_df.schema), f"{out}/brokers")
-    samples = transforms.samples(messages, samples_per_class)
-    samples["malformed_lines"] = [line[:300] for line in bad_lines]
-    lap("summarise")
+        begin("summarising")
+        malformed = malformed_df.first()
+        counts = {k: totals[k] for k in SUMMARY_COUNTS if k in totals}
+        counts["malformed_lines"] = int(malformed["malformed_lines"]) if malformed else 0
+        bad_lines = (
+            sorted({malformed["bad_line_min"], malformed["bad_line_max"]} - {None})
+            if malformed
+            else []
+        )
+        latency_df = transforms.latency_percentiles(messages)
+        latency = [r.asDict() for r in latency_df.collect()]
+        brokers_df = transforms.broker_deliveries(messages)
+        brokers = sorted((r.asDict() for r in brokers_df.collect()), key=lambda r: r["broker"])
+        samples = transforms.samples(messages, samples_per_class)
+        samples["malformed_lines"] = [line[:300] for line in bad_lines]
+        lap("summarise")
+
+        files: dict[str, str] = {}
+        if tables:
+            begin("writing Parquet tables")
+            tagged = classified.withColumn(
+                "verdict",
+                F.when(F.col("message_id").isNull(), F.lit(MALFORMED_PARTITION)).otherwise(
+                    F.col("verdict")
+                ),
+            )
+            files["messages"] = f"{out}/messages"
+            _write(tagged, files["messages"], partition_by="verdict")
+            files["latency"] = f"{out}/latency"
+            _write(latency_df.coalesce(1), files["latency"])
+            files["brokers"] = f"{out}/brokers"
+            _write(brokers_df.coalesce(1), files["brokers"])
+            lap("tables")
+    finally:
+        classified.unpersist()
+        sc.setJobDescription(None)  # type: ignore[arg-type]
+        for key, value in restore.items():
+            spark.conf.set(key, value)
 
     overall = next((r for r in latency if r["task_name"] == "*"), None)
     summary: dict[str, Any] = {k: counts.get(k, 0) for k in SUMMARY_COUNTS}
@@ -190,7 +289,7 @@ def run_audit(
     )
 
     step("writing summary and report")
-    files = {"summary": f"{out}/summary.json", "report": f"{out}/report.html"}
+    files.update(summary=f"{out}/summary.json", report=f"{out}/report.html")
     _put_text(spark, files["summary"], json.dumps(summary, indent=2, default=str) + "\n")
     _put_text(spark, files["report"], report.render(summary))
     return AuditResult(summary=summary, out_dir=out, files=files)

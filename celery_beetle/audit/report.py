@@ -18,7 +18,7 @@ from typing import Any
 
 from celery_beetle.audit.schema import BAD_VERDICTS, VERDICTS
 
-__all__ = ["render"]
+__all__ = ["render", "warm_up"]
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
@@ -29,6 +29,14 @@ img{max-width:100%} code{font-size:90%}
 """
 _EXTRA = ("retried_messages", "retries", "completed_unobserved")
 _COLOURS = {"completed_once": "#2da44e", "dead_lettered": "#9a6700", "expired": "#8c959f"}
+
+
+def warm_up() -> None:
+    """Import matplotlib now (about a second); the audit calls this on a thread as Spark works."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot
 
 
 def _png(fig: Any) -> str:

@@ -114,22 +114,31 @@ def per_message(events: DataFrame) -> DataFrame:
     """One row per ``(queue, message_id)`` with every fact the verdict needs; one shuffle.
 
     The row with a null key carries the malformed-line count and two sample lines.
+
+    Each event is cut down before the shuffle to what its kind contributes (a broker only on
+    ``published``/``delivered``, a worker only on runs, ``detail`` as three flags), and the
+    events are partitioned by message before they are grouped: a message's events come from
+    different hosts' files, so grouping inside each input split first saves nothing and ships
+    a whole aggregation buffer per event instead of a narrow row.
     """
     ok = ~F.col("malformed")
+    event = F.when(ok, F.col("event"))  # a bad line must not count as an event
+    detail = F.when(F.col("event").isin("published", "duplicate"), F.col("detail"))
+    published = event == "published"
     keyed = events.select(
         F.when(ok, F.col("queue")).alias("queue"),
         F.when(ok, F.col("message_id")).alias("message_id"),
-        F.when(ok, F.col("event")).alias("event"),  # a bad line must not count as an event
+        event.alias("event"),
         "ts_ms",
         "task_name",
-        "broker",
-        "worker",
-        "pid",
-        "attempt",
-        F.when(F.col("event").isin("published", "duplicate"), F.col("detail")).alias("detail"),
+        F.when(event.isin("published", "delivered"), F.col("broker")).alias("broker"),
+        *[F.when(event.isin(*RUN_EVENTS), F.col(c)).alias(c) for c in ("worker", "pid", "attempt")],
+        (published & (detail["confirmed"] == "true")).alias("confirmed"),
+        (published & (detail["redundant"] == "true")).alias("redundant"),
+        ((event == "duplicate") & detail["status"].isin(*DONE_STATUS)).alias("seen_completed"),
         "malformed",
         F.col("line").alias("bad_line"),
-    )
+    ).repartition("queue", "message_id")
     published = F.col("event") == "published"
     run = F.struct("event", "ts_ms", "attempt", "worker", "pid")
     aggs = [
@@ -138,16 +147,9 @@ def per_message(events: DataFrame) -> DataFrame:
         F.max("bad_line").alias("bad_line_max"),
         F.max("task_name").alias("task_name"),
         *[_count(e).alias(f"n_{e}") for e in EVENTS],
-        F.count(F.when(published & (F.col("detail")["confirmed"] == "true"), True)).alias(
-            "n_confirmed"
-        ),
-        F.max(published & (F.col("detail")["redundant"] == "true")).alias("redundant"),
-        F.count(
-            F.when(
-                (F.col("event") == "duplicate") & F.col("detail")["status"].isin(*DONE_STATUS),
-                True,
-            )
-        ).alias("n_seen_completed"),
+        F.count(F.when(F.col("confirmed"), True)).alias("n_confirmed"),
+        F.max("redundant").alias("redundant"),
+        F.count(F.when(F.col("seen_completed"), True)).alias("n_seen_completed"),
         F.collect_set(F.when(published, F.col("broker"))).alias("published_brokers"),
         F.collect_list(F.when(F.col("event") == "delivered", F.col("broker"))).alias(
             "delivered_brokers"
@@ -283,16 +285,18 @@ def redundancy_coverage(classified: DataFrame) -> dict[str, int]:
 
 
 def samples(classified: DataFrame, per_class: int = 5) -> dict[str, list[str]]:
-    """A few ``queue/message_id`` of each bad class, for a person to look up."""
-    out: dict[str, list[str]] = {}
-    for verdict in BAD_VERDICTS:
-        rows = (
-            classified.where(F.col("verdict") == verdict)
-            .select(F.concat_ws("/", "queue", "message_id").alias("id"))
-            .limit(per_class)
-            .collect()
-        )
-        out[verdict] = [r["id"] for r in rows]
+    """A few ``queue/message_id`` of each bad class, for a person to look up; one query."""
+    ids = F.concat_ws("/", "queue", "message_id").alias("id")
+    parts = [
+        classified.where(F.col("verdict") == v).select("verdict", ids).limit(per_class)
+        for v in BAD_VERDICTS
+    ]
+    union = parts[0]
+    for part in parts[1:]:
+        union = union.unionByName(part)
+    out: dict[str, list[str]] = {v: [] for v in BAD_VERDICTS}
+    for row in union.collect():
+        out[row["verdict"]].append(row["id"])
     return out
 
 
@@ -315,15 +319,21 @@ def latency_percentiles(
 
 
 def broker_deliveries(classified: DataFrame) -> DataFrame:
-    """Per broker: deliveries made, and messages published to it."""
-    delivered = (
-        classified.select(F.explode("delivered_brokers").alias("broker"))
-        .groupBy("broker")
-        .agg(F.count(F.lit(1)).alias("deliveries"))
+    """Per broker: deliveries made, and messages published to it (unordered; a few rows).
+
+    One explode of both lists and one aggregation: a join of two aggregations and a global
+    sort would cost two more shuffles and a sampling job for a table of three rows.
+    """
+
+    def tagged(column: str, kind: str) -> Column:
+        return F.transform(column, lambda b: F.struct(b.alias("broker"), F.lit(kind).alias("k")))
+
+    pairs = classified.select(
+        F.explode(
+            F.concat(tagged("delivered_brokers", "d"), tagged("published_brokers", "p"))
+        ).alias("x")
+    ).select("x.broker", "x.k")
+    return pairs.groupBy("broker").agg(
+        F.count(F.when(F.col("k") == "d", True)).alias("deliveries"),
+        F.count(F.when(F.col("k") == "p", True)).alias("published_messages"),
     )
-    published = (
-        classified.select(F.explode("published_brokers").alias("broker"))
-        .groupBy("broker")
-        .agg(F.count(F.lit(1)).alias("published_messages"))
-    )
-    return delivered.join(published, "broker", "full_outer").fillna(0).orderBy("broker")

@@ -231,7 +231,7 @@ def test_run_audit_writes_tables_summary_and_a_report_with_images(spark, tmp_pat
     trace.raw("not json")
     trace.write(tmp_path / "trace")
     out = tmp_path / "out"
-    result = job.run_audit(spark, str(tmp_path / "trace" / "*.jsonl"), str(out))
+    result = job.run_audit(spark, str(tmp_path / "trace" / "*.jsonl"), str(out), tables=True)
     summary = json.loads((out / "summary.json").read_text())
     assert not result.ok and summary["ok"] is False
     assert {k: summary[k] for k in ("messages", "completed_once", "lost", "malformed_lines")} == {
@@ -245,9 +245,30 @@ def test_run_audit_writes_tables_summary_and_a_report_with_images(spark, tmp_pat
     assert summary["latency_ms"]["publish_to_start"]["p50"] == 500
     assert (out / "messages" / "verdict=lost").is_dir()
     assert (out / "messages" / "verdict=completed_once").is_dir()
+    assert (out / "latency").is_dir() and (out / "brokers").is_dir()
     html = (out / "report.html").read_text()
     assert html.count('src="data:image/png;base64,') >= 3
     assert "FAIL" in html
+
+
+def test_without_tables_only_the_summary_and_report_are_written(spark, tmp_path, trace):
+    from celery_beetle.audit import job
+
+    trace.published("ok", 10.0).run("ok", 10.5, 11.0)
+    trace.write(tmp_path / "trace")
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    result = job.run_audit(spark, str(tmp_path / "trace"), str(tmp_path / "out"))
+    assert result.ok and result.summary["completed_once"] == 1
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["report.html", "summary.json"]
+    assert spark.conf.get("spark.sql.shuffle.partitions") == before  # the session is left as found
+
+
+def test_a_small_trace_is_grouped_in_one_partition_per_core(spark, tmp_path, trace):
+    from celery_beetle.audit import job
+
+    trace.published("ok", 10.0).write(tmp_path / "trace")
+    cores = spark.sparkContext.defaultParallelism
+    assert job.shuffle_partitions_for(spark, [str(tmp_path / "trace" / "*.jsonl")]) == cores
 
 
 def test_empty_trace_gives_zero_counts_and_no_clean_verdict(spark, tmp_path):

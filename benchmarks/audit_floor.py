@@ -1,0 +1,39 @@
+"""The floor under ``beetle audit``: start Spark the way the audit does and read the input once.
+
+No audit can finish faster than this on the same machine at the same moment, so
+:mod:`benchmarks.bench_audit` measures it beside every audit run and reports the audit's time
+beyond it. The read parses every line with the audit's schema (a bare ``count()`` would let
+Spark skip the parsing) and prints ``{"lines": n, "session_s": …}`` as the last line.
+
+Usage: ``python -m benchmarks.audit_floor TRACE_PATH... [--driver-memory 2g]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("trace_path", nargs="+")
+    p.add_argument("--driver-memory", default="2g")
+    a = p.parse_args(argv)
+    t0 = time.perf_counter()
+    from pyspark.sql import functions as F
+
+    from celery_beetle.audit import job, transforms
+
+    spark = job.build_session(driver_memory=a.driver_memory)
+    session_s = time.perf_counter() - t0
+    raw = spark.read.schema(transforms.READ_SCHEMA).options(**transforms.read_options())
+    row = raw.json(a.trace_path).agg(F.count("message_id").alias("n"), F.max("ts_ms")).first()
+    assert row is not None
+    print(json.dumps({"lines": row["n"], "session_s": round(session_s, 1)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -61,6 +61,7 @@ REQUIRED_FIELDS = ("ts_ms", "event", "message_id", "queue")
 VERDICTS = (
     "unexpected",  # completed, but no ``published`` event for (queue, message_id)
     "duplicated",  # completed more than once, or two runs overlapping in time
+    "replayed",  # dead-lettered, replayed (``beetle dead-letters replay``), then completed once
     "completed_once",
     "dead_lettered",  # gave up after its retries; accounted for, not lost
     "expired",  # dropped unrun because its x-beetle-expires-at passed
@@ -80,6 +81,7 @@ SUMMARY_COUNTS = (
     "lost",
     "duplicated",
     "unexpected",
+    "replayed",
     "dead_lettered",
     "expired",
     "failed",

@@ -159,6 +159,8 @@ def per_message(events: DataFrame) -> DataFrame:
         F.min(_ts("started")).alias("first_started_ms"),
         F.max(_ts("started")).alias("last_started_ms"),
         F.min(_ts("completed")).alias("first_completed_ms"),
+        F.max(_ts("replayed")).alias("last_replayed_ms"),
+        F.max(_ts("dead_lettered")).alias("last_dead_lettered_ms"),
     ]
     return keyed.groupBy("queue", "message_id").agg(*aggs)
 
@@ -220,10 +222,18 @@ def classify(messages: DataFrame, skew_tolerance_ms: int = DEFAULT_SKEW_TOLERANC
     with_overlap = messages.withColumn("overlap", overlap).withColumn(
         "completion_unobserved", unobserved
     )
+    completed = (c("n_completed") == 1) | c("completion_unobserved")
+    replayed = c("n_replayed") > 0
+    # a replay's run that never ended (no completion, no dead letter after the replay)
+    replay_unfinished = replayed & (
+        c("last_dead_lettered_ms").isNull() | (c("last_dead_lettered_ms") < c("last_replayed_ms"))
+    )
     verdict = (
-        F.when((c("n_completed") > 0) & (c("n_published") == 0), "unexpected")
+        F.when((c("n_completed") > 0) & (c("n_published") == 0) & ~replayed, "unexpected")
         .when((c("n_completed") > 1) | c("overlap"), "duplicated")
-        .when((c("n_completed") == 1) | c("completion_unobserved"), "completed_once")
+        .when(replayed & completed, "replayed")
+        .when(completed, "completed_once")
+        .when(replay_unfinished, "lost")
         .when(c("n_dead_lettered") > 0, "dead_lettered")
         .when(c("n_expired") > 0, "expired")
         .when(c("n_failed") > c("n_retried"), "failed")

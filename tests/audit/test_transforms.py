@@ -74,6 +74,19 @@ def _situations() -> TraceBuilder:
 
     t.published("failed", 10.0).run("failed", 11, 12, outcome="failed")
 
+    # Given up, replayed by an operator, and run once more: completed after its replay.
+    t.published("replayed", 10.0).run("replayed", 11, 12, outcome="failed")
+    t.ev("dead_lettered", "replayed", 12).ev("replayed", "replayed", 50, worker=None)
+    t.run("replayed", 51, 52, attempt=1, worker="w2")
+    t.published("replayed-twice", 10.0).run("replayed-twice", 11, 12, outcome="failed")
+    t.ev("dead_lettered", "replayed-twice", 12).ev("replayed", "replayed-twice", 50)
+    t.run("replayed-twice", 51, 52, worker="w2").run("replayed-twice", 60, 61, worker="w3")
+    t.published("replay-lost", 10.0).run("replay-lost", 11, 12, outcome="failed")
+    t.ev("dead_lettered", "replay-lost", 12).ev("replayed", "replay-lost", 50)
+    t.published("replay-gave-up", 10.0).run("replay-gave-up", 11, 12, outcome="failed")
+    t.ev("dead_lettered", "replay-gave-up", 12).ev("replayed", "replay-gave-up", 50)
+    t.run("replay-gave-up", 51, 52, outcome="failed").ev("dead_lettered", "replay-gave-up", 52)
+
     t.published("expired", 10.0, brokers=(A, B))
     t.ev("delivered", "expired", 99).ev("expired", "expired", 99)
     t.ev("delivered", "expired", 99, broker=B).ev("expired", "expired", 99, broker=B)
@@ -160,6 +173,22 @@ def test_completion_known_only_from_the_stores_duplicate_verdict_is_not_lost(aud
 def test_message_that_gave_up_is_dead_lettered_not_lost(audited):
     r = row(audited, "gave-up")
     assert (r["verdict"], r["n_retried"]) == ("dead_lettered", 1)
+
+
+def test_a_dead_letter_replayed_and_run_once_is_replayed_not_unexpected(audited):
+    assert verdict(audited, "replayed") == "replayed"
+
+
+def test_a_replay_that_runs_twice_is_duplicated(audited):
+    assert verdict(audited, "replayed-twice") == "duplicated"
+
+
+def test_a_replay_that_never_ran_is_lost(audited):
+    assert verdict(audited, "replay-lost") == "lost"
+
+
+def test_a_replay_that_gave_up_again_is_dead_lettered(audited):
+    assert verdict(audited, "replay-gave-up") == "dead_lettered"
 
 
 def test_failure_without_retry_or_dead_letter_is_failed(audited):

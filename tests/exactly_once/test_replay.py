@@ -185,3 +185,29 @@ def test_cli_lists_dead_letters_as_json_and_replays_by_task(
     assert done.exit_code == 0, done.output
     assert f"{task_id}  eo.fixable  run: published to celery" in done.output
     assert wait_until(lambda: counts([worker])[41] == 1, 15)
+
+
+def test_the_audit_counts_a_replayed_message_as_replayed(
+    brokers, client, eo_worker, store, tmp_path, spark
+):
+    from celery_beetle.audit.job import run_audit
+    from kombu_beetle.trace import flush_all, get_tracer
+
+    trace = tmp_path / "trace"
+    broken = tmp_path / "broken"
+    broken.touch()
+    worker = eo_worker(trace_dir=str(trace), extra_env={"BEETLE_TEST_BROKEN": str(broken)})
+    app = client(trace_dir=str(trace))
+    (task_id,) = give_up(app, worker, brokers, [8])
+    broken.unlink()
+    tracer = get_tracer(str(trace), role="ops")
+    results = replay(
+        brokers.beetle_url, "celery", store, ids=[task_id], transport_options=FAST, tracer=tracer
+    )
+    assert [r.outcome for r in results] == ["run"]
+    assert wait_until(lambda: counts([worker])[8] == 1, 15)
+    worker.stop()
+    flush_all()
+    summary = run_audit(spark, str(trace), str(tmp_path / "audit")).summary
+    verdict = {k: summary[k] for k in ("messages", "replayed", "lost", "duplicated", "unexpected")}
+    assert verdict == {"messages": 1, "replayed": 1, "lost": 0, "duplicated": 0, "unexpected": 0}

@@ -98,7 +98,7 @@ class ManagementClient:
         self.timeout_s = timeout_s
         self.session = session or requests.Session()
         self.session.auth = auth
-        self.session.verify = verify
+        self.verify = verify
         #: HTTP calls that change something (PUT, DELETE, POST), for tests and reports
         self.writes = 0
         self.reads = 0
@@ -151,8 +151,14 @@ class ManagementClient:
             self.writes += 1
         url = self.base_url + path
         try:
+            # verify per request: requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE override a
+            # session's verify, so a CA given here would silently be replaced by the system's
             response = self.session.request(
-                method, url, json=None if body is None else dict(body), timeout=self.timeout_s
+                method,
+                url,
+                json=None if body is None else dict(body),
+                timeout=self.timeout_s,
+                verify=self.verify,
             )
         except requests.RequestException as exc:
             raise ManagementUnreachable(f"{method} {url}: {exc}") from exc

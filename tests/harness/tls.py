@@ -113,7 +113,8 @@ def make_certificates(directory: Path) -> Certificates:
 
 
 class TlsRabbitNode(RabbitNode):
-    """A RabbitMQ node that also listens for AMQP over TLS on ``tls_port``, with a password."""
+    """A RabbitMQ node that also listens for AMQP over TLS on ``tls_port``, with a password,
+    and (with the management plugin) for its HTTP API over TLS on ``management_tls_port``."""
 
     user = "beetle"
 
@@ -122,6 +123,7 @@ class TlsRabbitNode(RabbitNode):
     ) -> None:
         self.ca, self.server_cert, self.password = ca, server, password
         self.tls_port = free_port()
+        self.management_tls_port = free_port()
         super().__init__(base_dir, **kwargs)
 
     def _write_config(self) -> None:
@@ -136,6 +138,14 @@ class TlsRabbitNode(RabbitNode):
             f"default_user = {self.user}",
             f"default_pass = {self.password}",
         ]
+        if self.management_port is not None:
+            lines += [
+                f"management.ssl.ip = {self.host}",
+                f"management.ssl.port = {self.management_tls_port}",
+                f"management.ssl.cacertfile = {self.ca}",
+                f"management.ssl.certfile = {self.server_cert.cert}",
+                f"management.ssl.keyfile = {self.server_cert.key}",
+            ]
         with (self.base_dir / "rabbitmq.conf").open("a") as conf:
             conf.write("\n".join(lines) + "\n")
 

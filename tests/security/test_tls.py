@@ -160,3 +160,23 @@ def test_redis_over_tls_verifies_certificate_and_host_name(tls_redis, wrong_redi
     no_ca = f"rediss://:{SECRET}@localhost:{tls_redis.tls_port}/0"
     with pytest.raises(redis.exceptions.ConnectionError, match="certificate verify failed"):
         store.connect(no_ca).ping()
+
+
+def test_the_management_api_over_tls_is_verified_against_the_given_ca(tls_nodes, certs):
+    from celery_beetle.ops.management import (
+        ManagementConfig,
+        ManagementUnreachable,
+        clients_for_url,
+    )
+
+    node = tls_nodes[1]
+    url = _broker_url([node])
+    trusted = ManagementConfig(scheme="https", port=node.management_tls_port, verify=str(certs.ca))
+    (client,) = clients_for_url(url, trusted)
+    assert client.overview()
+    assert isinstance(client.policies(), list)
+    untrusted = ManagementConfig(scheme="https", port=node.management_tls_port)
+    (client,) = clients_for_url(url, untrusted)
+    with pytest.raises(ManagementUnreachable, match=r"(?i)certificate verify failed"):
+        client.overview()
+    assert SECRET not in repr(trusted) and SECRET not in repr(client)

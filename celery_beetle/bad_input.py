@@ -77,9 +77,11 @@ class BadInputHandling:
         """Dead-letter ``message`` once per message, then ack it; if its dead letter is not
         stored (the broker refused it, Redis is down), hand it back instead."""
         self.stats["bad_input"] += 1
-        properties = {k: v for k, v in (message.properties or {}).items()}
-        properties.pop("application_headers", None)
-        shown = {k: (str(v)[:100] if isinstance(v, str) else v) for k, v in properties.items()}
+        shown = {
+            k: (v[:100] if isinstance(v, str) else v)
+            for k, v in (message.properties or {}).items()
+            if k != "application_headers"
+        }
         logger.error(
             "beetle: dead-lettering a %s message on queue %r (%s): %s %s",
             task_name,

@@ -28,7 +28,7 @@ from celery_beetle.deadletter import dead_letter_headers, publish_dead_letter
 from celery_beetle.facts import FACTS_HEADER, HANDBACK_MARK, InvalidHeader, message_facts
 from celery_beetle.gate import DeliveryGate
 from celery_beetle.gate_reads import pipelined_reads_for
-from celery_beetle.outcome import Rejected
+from celery_beetle.outcome import Limits, Rejected
 from celery_beetle.redis_health import RedisProbe, store_unavailable
 from celery_beetle.retry_queue import RawMessage
 from celery_beetle.settings import BeetleSettings
@@ -127,6 +127,9 @@ class BeetleGateStep(bootsteps.StartStopStep):
                 return c.hub.call_soon(fn)
             return c.timer.call_after(max(seconds, 0.0), fn)
 
+        reads = pipelined_reads_for(self.store, getattr(c, "hub", None), GATE_SOCKET_TIMEOUT_S)
+        if self.store.wait_replicas:  # a batch cannot WAIT for replicas: the pool claims
+            reads = None
         return DeliveryGate(
             store=self.store,
             call_later=call_later,
@@ -140,11 +143,31 @@ class BeetleGateStep(bootsteps.StartStopStep):
             tracer=get_tracer(settings.trace_dir, role="worker"),
             message_ttl_ms=settings.message_ttl_ms,
             worker=getattr(c, "hostname", None),
-            reads=pipelined_reads_for(self.store, getattr(c, "hub", None), GATE_SOCKET_TIMEOUT_S),
+            reads=reads,
+            claims_for=self._claims_for(c) if reads is not None else _no_claims,
             max_deferred=settings.max_deferred,
             max_deferred_bytes=settings.max_deferred_bytes,
             unknown_task_grace_ms=round(settings.unknown_task_grace_s * 1000),
         )
+
+    def _claims_for(self, c: Any) -> Callable[[Any, str], Limits | None]:
+        """The gate claims a BeetleTask delivery in its batch, with the task's limits; but
+        not one with an ETA: Celery holds it in the main process until then, and the pool
+        claims it when it runs, so no lease runs out while it waits."""
+        limits: dict[str, Limits] = {}
+
+        def claims_for(message: Any, task_name: str) -> Limits | None:
+            if (message.headers or {}).get("eta"):
+                return None
+            found = limits.get(task_name)
+            if found is None:
+                task = c.app.tasks.get(task_name)
+                if not is_beetle_task(task):
+                    return None
+                found = limits[task_name] = task.beetle_settings.limits
+            return found
+
+        return claims_for
 
     def queue_of(self, c: Any, message: Any) -> str:
         """The queue a delivery came from: its consumer tag names it (kombu_beetle uses one
@@ -233,10 +256,16 @@ def gated_strategy(strategy: Any, task_name: str, gate: DeliveryGate, consumer: 
     ) -> None:
         def start(done: Callable[..., None]) -> None:
             def on_ack(*args: Any, **kw: Any) -> Any:
-                try:
-                    return ack(*args, **kw)
-                finally:
-                    done()
+                def acked() -> Any:
+                    try:
+                        return ack(*args, **kw)
+                    finally:
+                        done()
+
+                # a run on the gate's claim: its completion is stored first, then the ack
+                if gate.complete_before_ack(message, acked):
+                    return None
+                return acked()
 
             def on_reject(*args: Any, **kw: Any) -> Any:
                 facts = (message.headers or {}).get(FACTS_HEADER)
@@ -269,6 +298,10 @@ def gated_strategy(strategy: Any, task_name: str, gate: DeliveryGate, consumer: 
     beetle_strategy.beetle_gated = True  # type: ignore[attr-defined]
     beetle_strategy.__wrapped__ = strategy  # type: ignore[attr-defined]
     return beetle_strategy
+
+
+def _no_claims(message: Any, task_name: str) -> None:
+    return None
 
 
 def dead_letter_delivery(

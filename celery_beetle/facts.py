@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from celery_beetle.state import MessageFacts
@@ -26,11 +27,14 @@ from kombu_beetle.envelope import (
 )
 
 __all__ = [
+    "CLAIM_MARK",
     "COMPLETED_MARK",
     "FACTS_HEADER",
     "HANDBACK_MARK",
     "MAX_MESSAGE_ID_LENGTH",
     "MAX_MESSAGE_LIFE_MS",
+    "RUNTIME_MARK",
+    "GateClaim",
     "InvalidHeader",
     "facts_from_headers",
     "facts_header",
@@ -55,6 +59,47 @@ COMPLETED_MARK = "completed"
 #: Set there by the request when the pool handed the delivery back (``{"delay_s", "store"}``),
 #: so the gate requeues it after a backoff instead of at once.
 HANDBACK_MARK = "handback"
+#: Set there by the gate when it claimed the message for this delivery (see
+#: :class:`GateClaim`): the pool runs on that claim instead of claiming again, and the gate
+#: stores the completion before it acks.
+CLAIM_MARK = "claim"
+#: Set there by the request on success: the body's runtime, for the ``completed`` event.
+RUNTIME_MARK = "runtime_ms"
+
+
+@dataclass(frozen=True)
+class GateClaim:
+    """What the gate's claim gave the delivery: a lease (``token``, ``attempt``,
+    ``deadline_ms``) held by ``owner``, or, with ``dead_letter`` set (the give-up reason),
+    a dead letter this delivery is to publish (``attempt``, ``exceptions`` for its headers).
+    """
+
+    owner: str
+    token: int = 0
+    attempt: int = 0
+    deadline_ms: int = 0
+    dead_letter: str = ""
+    exceptions: int = 0
+
+    def mark(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v}
+
+    @classmethod
+    def from_mark(cls, value: Any) -> GateClaim | None:
+        """Read back :meth:`mark`; None if absent or garbled (the pool then claims itself)."""
+        if not isinstance(value, dict) or not value.get("owner"):
+            return None
+        try:
+            return cls(
+                owner=str(value["owner"]),
+                token=int(value.get("token") or 0),
+                attempt=int(value.get("attempt") or 0),
+                deadline_ms=int(value.get("deadline_ms") or 0),
+                dead_letter=str(value.get("dead_letter") or ""),
+                exceptions=int(value.get("exceptions") or 0),
+            )
+        except (TypeError, ValueError, OverflowError):
+            return None
 
 
 class InvalidHeader(ValueError):

@@ -69,6 +69,8 @@ name the scope in their ``queue`` field, as the audit's identity is the same pai
 from __future__ import annotations
 
 import logging
+import secrets
+import socket
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -76,17 +78,28 @@ from typing import Any, Protocol
 
 from celery_beetle.bad_input import BadInput, BadInputHandling, DeadLetter
 from celery_beetle.facts import (
+    CLAIM_MARK,
     COMPLETED_MARK,
     FACTS_HEADER,
+    RUNTIME_MARK,
+    GateClaim,
     InvalidHeader,
+    facts_from_headers,
     facts_header,
     message_facts,
 )
 from celery_beetle.handback import HandBacks, ack, channel_open
+from celery_beetle.outcome import (
+    Claim,
+    ClaimDecision,
+    FenceDecision,
+    GateDecision,
+    Limits,
+    decide_gate,
+)
 from celery_beetle.outcome import Gate as Verdict
-from celery_beetle.outcome import GateDecision, decide_gate
 from celery_beetle.redis_health import store_unavailable
-from celery_beetle.state import MessageFacts, State, Status
+from celery_beetle.state import MAX_OWNER_LENGTH, MessageFacts, Status
 from celery_beetle.store import Store, wall_clock_ms
 from kombu_beetle.scopes import scope_of
 from kombu_beetle.trace import NullTracer
@@ -165,6 +178,11 @@ class DeliveryGate(BadInputHandling):
     unknown_task_grace_ms: int = 600_000
     #: hand-backs wait 0.5 s, doubling per message up to this
     handback_max_s: float = 30.0
+    #: ``claims_for(message, task_name)``: the limits to claim a delivery with in the gate's
+    #: batch (pipelined calls only), or None to read and leave the claim to the pool
+    claims_for: Callable[[Any, str], Limits | None] = field(default=lambda message, name: None)
+    #: a completion that could not be stored is tried again after this, doubling to 5 s
+    completion_retry_s: float = 0.1
 
     def __post_init__(self) -> None:
         self.generation = 0
@@ -177,6 +195,8 @@ class DeliveryGate(BadInputHandling):
         self._to_release: list[tuple[MessageFacts, str]] = []
         self.deferred = 0
         self.deferred_bytes = 0
+        self._claims = 0
+        self._owner_base = f"{secrets.token_hex(3)}@{self.worker or socket.gethostname()}"
 
     # -- entry point -----------------------------------------------------------------------
 
@@ -281,24 +301,39 @@ class DeliveryGate(BadInputHandling):
 
     def _read(self, d: Delivery) -> str:
         """Ask Redis without waiting (:mod:`celery_beetle.gate_reads`); the delivery goes on
-        from the reply. Meanwhile its twin waits for this read instead of making its own."""
+        from the reply. Meanwhile its twin waits for this call instead of making its own.
+
+        Where the gate may claim (:attr:`claims_for`), the call is the claim itself: a
+        delivery that may run goes to the pool holding its lease, and the pool makes no
+        round trip of its own. Otherwise it is a read, and the pool claims."""
         now = self.clock()
         if d.facts.expires_at_ms <= now:
             return self._decide(d, decide_gate(None, d.facts, now))
         key = d.key
         self._in_flight.add(key)
+        limits = self.claims_for(d.message, d.task_name)
+        owner = self._next_owner() if limits is not None else ""
 
-        def answered(state: State | None, exc: BaseException | None) -> None:
+        def answered(answer: Any, exc: BaseException | None) -> None:
             if d.generation != self.generation:
+                # the consumer restarted: this delivery cannot be acked; a claim made for it
+                # (or maybe made: no reply) is released, so its redelivery need not wait
+                if owner and (exc is not None or answer.outcome is Claim.ACQUIRED):
+                    self._release_later(d.facts, owner)
                 return
             self._in_flight.discard(key)
             waiters = self._waiting.pop(key, [])
             if exc is not None:
                 for delivery in (d, *waiters):
                     self._trouble(delivery, exc)
+                if owner:  # the claim may have been applied without its reply arriving
+                    self._release_later(d.facts, owner)
                 return
             try:
-                self._decide(d, decide_gate(state, d.facts, self.clock()))
+                if owner:
+                    self._claimed(d, answer, owner)
+                else:
+                    self._decide(d, decide_gate(answer, d.facts, self.clock()))
             except Exception as error:
                 self._trouble(d, error)
             if not waiters:
@@ -309,8 +344,36 @@ class DeliveryGate(BadInputHandling):
                 self._wake(waiters)
 
         assert self.reads is not None
-        self.reads.read(d.facts, answered)
+        if limits is not None:
+            self.reads.claim(d.facts, limits, owner, answered)
+        else:
+            self.reads.read(d.facts, answered)
         return "reading"
+
+    def _claimed(self, d: Delivery, claim: ClaimDecision, owner: str) -> str:
+        """Go on from the gate's claim as the pool would have (:class:`~.run.Run`)."""
+        outcome = claim.outcome
+        if outcome is Claim.ACQUIRED:
+            given = GateClaim(owner, claim.token, claim.attempt, claim.lease_deadline_ms)
+            return self._run(d, given)
+        if outcome is Claim.DEAD_LETTER:  # the pool publishes it, as for its own claim
+            reason = claim.reason or "attempts_limit"
+            given = GateClaim(
+                owner, attempt=claim.attempt, dead_letter=reason, exceptions=claim.exceptions
+            )
+            return self._run(d, given)
+        if outcome is Claim.ALREADY_DONE:
+            return self._decide(d, GateDecision(Verdict.DROP_DUPLICATE, status=claim.status))
+        if outcome is Claim.EXPIRED:
+            return self._drop(d, "expired")
+        running = outcome is Claim.LOCKED
+        return self._defer(d, claim.delay_ms, running=running)
+
+    def _next_owner(self) -> str:
+        """A claim's owner: unique per claim (the counter comes first, as the store keeps
+        at most :data:`~.state.MAX_OWNER_LENGTH` characters)."""
+        self._claims += 1
+        return f"{self._claims:x}.{self._owner_base}"[:MAX_OWNER_LENGTH]
 
     def _decide(self, d: Delivery, decision: GateDecision) -> str:
         if decision.outcome is Verdict.RUN:
@@ -323,10 +386,14 @@ class DeliveryGate(BadInputHandling):
             return self._drop(d, "expired")
         return self._defer(d, decision.delay_ms, running=decision.status is Status.RUNNING)
 
-    def _run(self, d: Delivery) -> str:
+    def _run(self, d: Delivery, claim: GateClaim | None = None) -> str:
         key = d.key
         self._in_flight.add(key)
         self.stats["run"] += 1
+        if claim is not None:
+            header = (d.message.headers or {}).get(FACTS_HEADER)
+            if isinstance(header, dict):
+                header[CLAIM_MARK] = claim.mark()
         finished = False
 
         def done(
@@ -389,6 +456,72 @@ class DeliveryGate(BadInputHandling):
                 self._drop(d, "duplicate", status=Status.COMPLETED)
             return
         self.call_later(0, lambda: self._wake(waiters))
+
+    # -- completions stored before the ack ----------------------------------------------------
+
+    def complete_before_ack(self, message: Any, ack: Callable[[], None]) -> bool:
+        """If the gate claimed ``message`` and its run succeeded, store the completion in
+        the next batch and ``ack()`` only once it is stored (retried until it is); True if
+        so. False: nothing to store here (the pool stored the outcome), ack now."""
+        header = (message.headers or {}).get(FACTS_HEADER)
+        if not isinstance(header, dict) or not header.get(COMPLETED_MARK):
+            return False
+        claim = GateClaim.from_mark(header.get(CLAIM_MARK))
+        facts = facts_from_headers(header)
+        if claim is None or not claim.token or facts is None or self.reads is None:
+            return False
+        self._complete(message, header, facts, claim, ack, self.completion_retry_s)
+        return True
+
+    def _complete(
+        self,
+        message: Any,
+        header: dict[str, Any],
+        facts: MessageFacts,
+        claim: GateClaim,
+        ack: Callable[[], None],
+        retry_s: float,
+    ) -> None:
+        def answered(fence: FenceDecision | None, exc: BaseException | None) -> None:
+            if exc is not None or fence is None:
+                # never ack what is not stored: again after a while, whatever the error
+                unavailable = exc is not None and store_unavailable(exc)
+                if unavailable:
+                    self._pause(exc)  # type: ignore[arg-type]
+                log = logger.warning if unavailable else logger.error
+                log("beetle: cannot store a completion yet (%r); trying again", exc)
+                self.stats["completion_retries"] += 1
+                again = min(retry_s * 2, 5.0)
+                self.call_later(
+                    retry_s, lambda: self._complete(message, header, facts, claim, ack, again)
+                )
+                return
+            if fence.ok:
+                self.stats["completed"] += 1
+                runtime = header.get(RUNTIME_MARK)
+                detail = {"runtime_ms": runtime} if runtime is not None else None
+                self._trace_run("completed", facts, message, claim.attempt, detail)
+            elif fence.status is not Status.COMPLETED:
+                header[COMPLETED_MARK] = False  # its twin goes through the gate again
+                logger.warning(
+                    "beetle: late completion of %s (%s) refused: its lease ran out and another "
+                    "run took it over (stored status %s, token %s; this run held token %s)",
+                    facts.message_id[:100],
+                    facts.scope,
+                    fence.status.value if fence.status else None,
+                    fence.token,
+                    claim.token,
+                )
+            ack()
+
+        assert self.reads is not None
+        self.reads.complete(facts, claim.token, answered)
+
+    def _release_later(self, facts: MessageFacts, owner: str) -> None:
+        """Release a claim by its owner now, or once Redis answers again."""
+        self._to_release.append((facts, owner))
+        if not self.paused:
+            self._release_unconfirmed_claims()
 
     def _remember_completed(self, key: tuple[str, str]) -> None:
         """Keep a run that completed here in mind for a while: its other copy usually
@@ -510,6 +643,29 @@ class DeliveryGate(BadInputHandling):
                 return False
             self._to_release.pop(0)
         return True
+
+    def _trace_run(
+        self,
+        event: str,
+        facts: MessageFacts,
+        message: Any,
+        attempt: int,
+        detail: dict[str, Any] | None,
+    ) -> None:
+        if not getattr(self.tracer, "enabled", False):
+            return
+        info = message.delivery_info or {}
+        self.tracer.emit(
+            event,
+            facts.message_id,
+            queue=facts.scope,
+            task_name=(message.headers or {}).get("task"),
+            task_id=(message.headers or {}).get("id"),
+            broker=info.get("beetle_broker"),
+            worker=self.worker,
+            attempt=attempt or None,
+            detail=detail,
+        )
 
     def _trace(
         self,

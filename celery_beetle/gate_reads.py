@@ -1,11 +1,16 @@
-"""The gate's Redis reads, pipelined on the worker's event loop instead of blocking it.
+"""The gate's Redis calls, pipelined on the worker's event loop instead of blocking it.
 
-A synchronous read stops the worker's main process for a whole Redis round trip per
+A synchronous call stops the worker's main process for a whole Redis round trip per
 delivery: no frames are read, no results taken from the pool, no acks written meanwhile.
-:class:`PipelinedReads` writes the ``HMGET`` of every delivery the loop handed to the gate in
-one pass as one batch, and takes the replies when the hub says the socket is readable; the
-gate goes on with each delivery from its reply's callback. Replies come back in the order of
-the requests (one connection), so a FIFO of callbacks matches them.
+:class:`PipelinedReads` writes the calls the gate made in one loop pass (the ``HMGET`` of a
+read, the ``EVALSHA`` of a claim or a completion) as one batch, and takes the replies when
+the hub says the socket is readable; the gate goes on with each delivery from its reply's
+callback. Replies come back in the order of the requests (one connection), so a FIFO of
+callbacks matches them.
+
+A script's error reply goes to that call's callback alone; a server that lost the script
+(a restart, ``SCRIPT FLUSH``: ``NOSCRIPT``, nothing ran) gets it loaded again and the call
+goes out in the next batch.
 
 Faults end the same way as a failed synchronous read: every pending callback gets the
 error, and the gate parks its delivery and pauses (see :mod:`celery_beetle.gate`). A Redis
@@ -32,7 +37,7 @@ from typing import Any
 import redis
 
 from celery_beetle.state import FIELDS, MessageFacts, State
-from celery_beetle.store import first_record
+from celery_beetle.store import ScriptCall, decoded, first_record
 
 __all__ = ["PipelinedReads", "ReadCallback", "pipelined_reads_for"]
 
@@ -40,6 +45,26 @@ logger = logging.getLogger(__name__)
 
 #: ``callback(state, None)`` with the record (None if absent), or ``callback(None, error)``.
 ReadCallback = Callable[[State | None, BaseException | None], None]
+#: ``callback(decision, None)`` with the script's parsed reply, or ``callback(None, error)``.
+CallCallback = Callable[[Any, BaseException | None], None]
+
+
+class _Request:
+    """One call in a batch: its commands, how their replies make one answer, and who waits."""
+
+    __slots__ = ("callback", "combine", "commands", "script")
+
+    def __init__(
+        self,
+        commands: list[tuple[Any, ...]],
+        combine: Callable[[list[Any]], Any],
+        callback: Callable[[Any, BaseException | None], None],
+        script: ScriptCall | None = None,
+    ) -> None:
+        self.commands = commands
+        self.combine = combine
+        self.callback = callback
+        self.script = script
 
 
 class PipelinedReads:
@@ -57,15 +82,37 @@ class PipelinedReads:
         self.timeout_s = timeout_s
         self._connection: Any = None
         self._fd: int | None = None
-        self._queued: list[tuple[list[str], ReadCallback]] = []
-        #: (sent at, how many replies, callback), in the order of the requests
-        self._pending: deque[tuple[float, int, ReadCallback]] = deque()
+        self._queued: list[_Request] = []
+        #: (sent at, request), in the order of the requests
+        self._pending: deque[tuple[float, _Request]] = deque()
         self._flush_scheduled = False
         self._watchdog: Any = None
 
     def read(self, facts: MessageFacts, callback: ReadCallback) -> None:
         """Ask for the record of ``facts``; the batch goes out at the end of this loop pass."""
-        self._queued.append((self.store.record_keys(facts.scope, facts.message_id), callback))
+        keys = self.store.record_keys(facts.scope, facts.message_id)
+        commands = [("HMGET", key, *FIELDS) for key in keys]
+        self._queue(_Request(commands, first_record, callback))
+
+    def call(self, call: ScriptCall, callback: CallCallback) -> None:
+        """Run a script (a claim, a completion: see ``RedisStore.*_call``) in the next batch;
+        ``callback`` gets its parsed reply."""
+        self._queue(
+            _Request(
+                [call.command()], lambda replies: call.parse(decoded(replies[0])), callback, call
+            )
+        )
+
+    def claim(self, facts: MessageFacts, limits: Any, owner: str, callback: CallCallback) -> None:
+        """The claim of ``facts`` for ``owner``; ``callback`` gets a ``ClaimDecision``."""
+        self.call(self.store.claim_call(facts, limits, owner), callback)
+
+    def complete(self, facts: MessageFacts, token: int, callback: CallCallback) -> None:
+        """The completion of ``facts`` under ``token``; ``callback`` gets a ``FenceDecision``."""
+        self.call(self.store.complete_call(facts, token), callback)
+
+    def _queue(self, request: _Request) -> None:
+        self._queued.append(request)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self.hub.call_soon(self._flush)
@@ -87,14 +134,14 @@ class PipelinedReads:
             return
         try:
             connection = self._connect()
-            commands = [("HMGET", key, *FIELDS) for keys, _ in queued for key in keys]
+            commands = [command for request in queued for command in request.commands]
             connection.send_packed_command(connection.pack_commands(commands), check_health=False)
         except Exception as exc:
-            self._fail(exc, [callback for _, callback in queued])
+            self._fail(exc, [request.callback for request in queued])
             return
         self.store.round_trips += 1
         sent_at = time.monotonic()
-        self._pending.extend((sent_at, len(keys), callback) for keys, callback in queued)
+        self._pending.extend((sent_at, request) for request in queued)
         if self._watchdog is None:
             self._watchdog = self.hub.call_later(self.timeout_s, self._check_overdue)
 
@@ -119,10 +166,10 @@ class PipelinedReads:
             return
         try:
             while self._pending:
-                _, replies, callback = self._pending[0]
-                values = [connection.read_response() for _ in range(replies)]
+                request = self._pending[0][1]
+                values, error = self._replies(connection, len(request.commands))
                 self._pending.popleft()
-                self._answer(callback, first_record(values), None)
+                self._answered(request, values, error)
                 if not connection.can_read(timeout=0):
                     break
             else:  # a reply nobody asked for: the stream is out of step
@@ -130,6 +177,38 @@ class PipelinedReads:
                     raise redis.exceptions.ConnectionError("unexpected reply on the gate's reads")
         except Exception as exc:
             self._fail(exc)
+
+    @staticmethod
+    def _replies(connection: Any, count: int) -> tuple[list[Any], BaseException | None]:
+        """Read ``count`` replies; an error reply (the stream stays in step) is returned,
+        a broken connection raises."""
+        values, error = [], None
+        for _ in range(count):
+            try:
+                values.append(connection.read_response())
+            except redis.exceptions.ResponseError as exc:
+                values.append(None)
+                error = error or exc
+        return values, error
+
+    def _answered(self, request: _Request, values: list[Any], error: BaseException | None) -> None:
+        if isinstance(error, redis.exceptions.NoScriptError) and request.script is not None:
+            try:  # nothing ran: load the script (a sync round trip, after a restart) and resend
+                self.store.client.script_load(request.script.script.script)
+            except Exception as exc:
+                self._answer(request.callback, None, exc)
+                return
+            self._queue(request)
+            return
+        if error is not None:
+            self._answer(request.callback, None, error)
+            return
+        try:
+            answer = request.combine(values)
+        except Exception as exc:
+            self._answer(request.callback, None, exc)
+            return
+        self._answer(request.callback, answer, None)
 
     def _check_overdue(self) -> None:
         self._watchdog = None
@@ -146,7 +225,7 @@ class PipelinedReads:
     def _fail(self, exc: BaseException, extra: list[ReadCallback] | None = None) -> None:
         """Close the connection and hand ``exc`` to every pending callback."""
         self._disconnect()
-        callbacks = [callback for _, _, callback in self._pending] + (extra or [])
+        callbacks = [request.callback for _, request in self._pending] + (extra or [])
         self._pending.clear()
         if self._watchdog is not None:
             self._watchdog.cancel()
@@ -169,9 +248,13 @@ class PipelinedReads:
                 self.store.client.connection_pool.release(connection)
 
     @staticmethod
-    def _answer(callback: ReadCallback, state: State | None, exc: BaseException | None) -> None:
+    def _answer(
+        callback: Callable[[Any, BaseException | None], None],
+        answer: Any,
+        exc: BaseException | None,
+    ) -> None:
         try:
-            callback(state, exc)
+            callback(answer, exc)
         except Exception:  # one delivery's bug must not strand the others' replies
             logger.exception("beetle: the gate failed on a read's reply")
 

@@ -1,8 +1,22 @@
 """One run of a BeetleTask body in a pool process: claim, run, then complete or fail.
 
-:class:`Run` is what :meth:`BeetleTask.__call__` hands the body to. It costs two Redis round
-trips (the claim script before the body, the complete or fail script after) and tells
-Celery what to do with the delivery through Celery's own control-flow exceptions.
+:class:`Run` is what :meth:`BeetleTask.__call__` hands the body to. It tells Celery what to
+do with the delivery through Celery's own control-flow exceptions.
+
+Usually the gate has claimed the message already, in its pipelined batch, and the lease
+rides in the delivery's headers (:class:`~celery_beetle.facts.GateClaim`): a body that
+succeeds then costs the pool no Redis round trip at all, as the gate stores the completion
+before it acks. Two rules keep that safe:
+
+- a body never starts on a lease that may run out under it: if the delivery waited in the
+  pool longer than the lease's margin over the time limit, the pool claims again under the
+  gate's owner (which renews the lease if it is still ours) before the body starts;
+- a body that succeeded is completed here after all if Celery then fails the run (a result
+  that does not encode, a result backend that raises): the main process would see a
+  failure and ack without storing the completion.
+
+Otherwise (no gate claim: an ETA task, a Redis Cluster, replicas to wait for, the
+synchronous gate) the pool claims before the body and completes after it: two round trips.
 
 No error of the store's may end with the delivery acked while its outcome is not stored:
 
@@ -26,13 +40,21 @@ import os
 import secrets
 import socket
 import time
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from billiard.process import current_process
 from celery.exceptions import Ignore, Reject, Retry
+from celery.signals import task_failure, task_internal_error
 
 from celery_beetle.deadletter import dead_letter_headers, publish_dead_letter
-from celery_beetle.facts import FACTS_HEADER, facts_from_headers, message_facts
+from celery_beetle.facts import (
+    CLAIM_MARK,
+    FACTS_HEADER,
+    GateClaim,
+    facts_from_headers,
+    message_facts,
+)
 from celery_beetle.lease import LeaseKeeper
 from celery_beetle.outcome import Claim, ClaimDecision, Failure, GiveUpReason
 from celery_beetle.redis_health import call_until_stored, store_unavailable
@@ -126,6 +148,30 @@ def request_facts(request: Any, settings: BeetleSettings) -> MessageFacts:
     return message_facts(queue, str(message_id), headers, settings.message_ttl_ms, now, scope)
 
 
+#: Runs whose body succeeded on the gate's lease, by task id, until Celery reports the run:
+#: a failure after the body (see :func:`_completed_after_all`) completes them here. Bounded:
+#: a successful run is never looked up again.
+_left_to_main: OrderedDict[str, Run] = OrderedDict()
+_LEFT_TO_MAIN_MAX = 256
+
+
+def _leave_to_main(run: Run) -> None:
+    _left_to_main[run.request.id] = run
+    while len(_left_to_main) > _LEFT_TO_MAIN_MAX:
+        _left_to_main.popitem(last=False)
+
+
+def _completed_after_all(sender: Any = None, task_id: Any = None, **kwargs: Any) -> None:
+    """``task_failure`` / ``task_internal_error`` in the pool after a body succeeded."""
+    run = _left_to_main.pop(task_id, None) if task_id else None
+    if run is not None:
+        run.complete_here()
+
+
+task_failure.connect(_completed_after_all, weak=False)
+task_internal_error.connect(_completed_after_all, weak=False)
+
+
 class Run:
     """One run of a BeetleTask body in the pool: claim, run, then complete or fail.
 
@@ -148,16 +194,24 @@ class Run:
         self.worker = f"{host}:{os.getpid()}"
         #: this run's own id in the store: a claim retried under it is recognised as ours
         self.owner = f"{secrets.token_hex(4)}@{self.worker}"[:MAX_OWNER_LENGTH]
-        facts_header = getattr(request, FACTS_HEADER, None) or {}
-        self.broker = facts_header.get("broker") if isinstance(facts_header, dict) else None
+        facts_header = getattr(request, FACTS_HEADER, None)
+        if not isinstance(facts_header, dict):
+            facts_header = {}
+        self.broker = facts_header.get("broker")
+        #: the gate's claim for this delivery, if it made one
+        self.given = GateClaim.from_mark(facts_header.get(CLAIM_MARK))
+        #: the gate stores the completion (the body runs on the gate's lease)
+        self.main_completes = False
         self.token = 0
         self.lease_deadline_ms = 0
         self.attempt = 0
+        self.started = 0.0
 
     def execute(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        _left_to_main.pop(self.request.id, None)
         self._claim()
         self._trace("started")
-        started = time.monotonic()
+        self.started = started = time.monotonic()
         keeper = self._keep_lease()
         try:
             result = self.task.run(*args, **kwargs)
@@ -168,7 +222,9 @@ class Run:
             raise
         if keeper is not None:
             keeper.stop()
-        if not self._complete(started):
+        if self.main_completes:
+            _leave_to_main(self)
+        elif not self._complete(started):
             raise Ignore()
         return result
 
@@ -206,11 +262,26 @@ class Run:
         return keeper
 
     def _claim(self) -> None:
+        given = self.given
+        if given is not None:
+            self.owner = given.owner
+            if given.dead_letter:
+                self._give_up(given.dead_letter, given.attempt, given.exceptions)
+            if self._lease_covers_run(given.deadline_ms):
+                self.token, self.attempt = given.token, given.attempt
+                self.lease_deadline_ms = given.deadline_ms
+                self.main_completes = True
+                return
+            # it waited too long in the pool: claim again, under the gate's owner, so a
+            # lease that is still ours is renewed rather than counted as a second attempt
         claim = self._send_claim()
         outcome = claim.outcome
         if outcome is Claim.ACQUIRED:
             self.token, self.attempt = claim.token, claim.attempt
             self.lease_deadline_ms = claim.lease_deadline_ms
+            # the gate completes with its token; another token (a lease taken over and lost
+            # again) is completed here, and the gate's late completion finds it completed
+            self.main_completes = given is not None and claim.token == given.token
             return
         if outcome is Claim.ALREADY_DONE:
             self._trace("duplicate", status=claim.status.value if claim.status else None)
@@ -223,17 +294,27 @@ class Run:
             # defers it until that lease ends or the retry is due
             raise Reject(f"{outcome.value} for {claim.delay_ms} ms", requeue=True)
         # DEAD_LETTER: it will not run; this run publishes its dead letter
-        self.attempt = claim.attempt
         reason = claim.reason or GiveUpReason.ATTEMPTS_LIMIT.value
+        self._give_up(reason, claim.attempt, claim.exceptions)
+
+    def _lease_covers_run(self, deadline_ms: int) -> bool:
+        """Whether a body started now ends (or is killed: its time limit) before the lease."""
+        limit_s = getattr(self.task, "time_limit", None) or self.limits.lease_timeout_ms / 1000
+        needed_ms = min(round(limit_s * 1000), self.limits.lease_timeout_ms)
+        return wall_clock_ms() + needed_ms <= deadline_ms
+
+    def _give_up(self, reason: str, attempt: int, exceptions: int | None) -> None:
+        """The message will not run: publish the dead letter this run owes, then raise."""
+        self.attempt = attempt
         given_up: DeadLettered
         if reason == GiveUpReason.ATTEMPTS_LIMIT.value:
             given_up = AttemptsExhausted(
-                f"{self._name()} started {claim.attempt} time(s) without completing "
+                f"{self._name()} started {attempt} time(s) without completing "
                 f"(attempts={self.limits.attempts}); dead-lettered"
             )
         else:
             given_up = DeadLettered(f"{self._name()} gave up ({reason}); dead-lettered")
-        self._dead_letter(reason, given_up, claim.attempt, claim.exceptions)
+        self._dead_letter(reason, given_up, attempt, exceptions)
         raise given_up
 
     def _send_claim(self) -> ClaimDecision:
@@ -263,6 +344,15 @@ class Run:
                 wait = min(wait * 2, 1.0)
 
     # -- after -----------------------------------------------------------------------------
+
+    def complete_here(self) -> None:
+        """Celery failed a run whose body succeeded on the gate's lease: store the completion
+        now, as the main process will not (it sees a failure)."""
+        logger.warning(
+            "beetle: %s succeeded but Celery failed the run; storing its completion here",
+            self._name(),
+        )
+        self._complete(self.started)
 
     def _complete(self, started: float) -> bool:
         fence = call_until_stored(

@@ -71,6 +71,7 @@ __all__ = [
     "REPLAY_MARK_TTL_MS",
     "RedisStore",
     "ReplicaAckTimeout",
+    "ScriptCall",
     "Store",
     "connect",
     "wall_clock_ms",
@@ -351,10 +352,12 @@ class RedisStore(Store):
         return first_record(pipe.execute())
 
     def claim(self, facts: MessageFacts, limits: Limits, owner: str) -> ClaimDecision:
+        return self.execute(self.claim_call(facts, limits, owner))
+
+    def claim_call(self, facts: MessageFacts, limits: Limits, owner: str) -> ScriptCall:
+        """The claim as a :class:`ScriptCall`, for a caller that batches it (the gate)."""
         now = self.clock()
-        reply = self._run(
-            "claim",
-            facts,
+        args = (
             now,
             facts.expires_at_ms,
             limits.lease_timeout_ms,
@@ -363,29 +366,14 @@ class RedisStore(Store):
             self.ttl_margin_ms,
             DEAD_LETTER_LEASE_MS,
         )
-        code = reply[0]
-        if code == "acquired":
-            return ClaimDecision(
-                Claim.ACQUIRED, token=reply[1], attempt=reply[2], lease_deadline_ms=reply[3]
-            )
-        if code == "done":
-            return ClaimDecision(Claim.ALREADY_DONE, status=Status(reply[1]))
-        if code == "locked":
-            return ClaimDecision(
-                Claim.LOCKED, lease_deadline_ms=reply[1], delay_ms=reply[1] - now, owner=reply[2]
-            )
-        if code == "delayed":
-            return ClaimDecision(Claim.DELAYED, delay_ms=reply[1] - now)
-        if code == "dead_letter":
-            return ClaimDecision(
-                Claim.DEAD_LETTER, reason=reply[1], attempt=reply[2], exceptions=reply[3]
-            )
-        if code == "expired":
-            return ClaimDecision(Claim.EXPIRED)
-        raise RuntimeError(f"claim.lua answered {reply!r}")
+        return self._call("claim", facts, args, lambda reply: _claim_decision(reply, now))
 
     def complete(self, facts: MessageFacts, token: int) -> FenceDecision:
-        return _fence(self._run("complete", facts, token, self.clock(), self.ttl_margin_ms))
+        return self.execute(self.complete_call(facts, token))
+
+    def complete_call(self, facts: MessageFacts, token: int) -> ScriptCall:
+        """The completion as a :class:`ScriptCall`, for a caller that batches it."""
+        return self._call("complete", facts, (token, self.clock(), self.ttl_margin_ms), _fence)
 
     def fail(
         self, facts: MessageFacts, token: int, limits: Limits, retryable: bool, owner: str = ""
@@ -496,15 +484,26 @@ class RedisStore(Store):
         self.client.close()
 
     def _run(self, name: str, facts: MessageFacts, *args: Any) -> list[Any]:
+        return self.execute(self._call(name, facts, args, list))
+
+    def _call(
+        self,
+        name: str,
+        facts: MessageFacts,
+        args: Sequence[Any],
+        parse: Callable[[list[Any]], Any],
+    ) -> ScriptCall:
+        script = self._scripts[name]
+        return ScriptCall(script, self.record_keys(facts.scope, facts.message_id), args, parse)
+
+    def execute(self, call: ScriptCall) -> Any:
+        """Run ``call`` now (one round trip) and return its parsed reply."""
         self.round_trips += 1
-        keys = self.record_keys(facts.scope, facts.message_id)
         if self.wait_replicas:
-            reply = self._run_and_wait(self._scripts[name], keys, args)
+            reply = self._run_and_wait(call.script, call.keys, call.args)
         else:
-            reply = self._scripts[name](keys=keys, args=args)
-        if not isinstance(reply, list):
-            reply = [reply]
-        return [v.decode() if isinstance(v, bytes) else v for v in reply]
+            reply = call.script(keys=call.keys, args=call.args)
+        return call.parse(decoded(reply))
 
     def _run_and_wait(self, script: Any, keys: list[str], args: Sequence[Any]) -> Any:
         """EVALSHA, then WAIT on the same connection, in one round trip."""
@@ -526,6 +525,56 @@ class RedisStore(Store):
                 )
             return reply
         raise AssertionError("unreachable")
+
+
+class ScriptCall:
+    """One script call, ready to run: now (:meth:`RedisStore.execute`) or in a batch (the
+    gate's :mod:`~celery_beetle.gate_reads`). ``parse`` turns the decoded reply into the
+    decision the synchronous method returns."""
+
+    __slots__ = ("args", "keys", "parse", "script")
+
+    def __init__(
+        self, script: Any, keys: list[str], args: Sequence[Any], parse: Callable[[list[Any]], Any]
+    ) -> None:
+        self.script = script
+        self.keys = keys
+        self.args = args
+        self.parse = parse
+
+    def command(self) -> tuple[Any, ...]:
+        """The ``EVALSHA`` command (a server that lost the script answers NOSCRIPT)."""
+        return ("EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args)
+
+
+def decoded(reply: Any) -> list[Any]:
+    """A script's reply as a list, bytes decoded (clients may or may not decode)."""
+    if not isinstance(reply, list):
+        reply = [reply]
+    return [v.decode() if isinstance(v, bytes) else v for v in reply]
+
+
+def _claim_decision(reply: Sequence[Any], now: int) -> ClaimDecision:
+    code = reply[0]
+    if code == "acquired":
+        return ClaimDecision(
+            Claim.ACQUIRED, token=reply[1], attempt=reply[2], lease_deadline_ms=reply[3]
+        )
+    if code == "done":
+        return ClaimDecision(Claim.ALREADY_DONE, status=Status(reply[1]))
+    if code == "locked":
+        return ClaimDecision(
+            Claim.LOCKED, lease_deadline_ms=reply[1], delay_ms=reply[1] - now, owner=reply[2]
+        )
+    if code == "delayed":
+        return ClaimDecision(Claim.DELAYED, delay_ms=reply[1] - now)
+    if code == "dead_letter":
+        return ClaimDecision(
+            Claim.DEAD_LETTER, reason=reply[1], attempt=reply[2], exceptions=reply[3]
+        )
+    if code == "expired":
+        return ClaimDecision(Claim.EXPIRED)
+    raise RuntimeError(f"claim.lua answered {reply!r}")
 
 
 def _fence(reply: Sequence[Any]) -> FenceDecision:

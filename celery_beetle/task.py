@@ -48,12 +48,13 @@ copy then waits in the gate until the lease runs out and the next claim decides.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from celery import Task
 from celery.worker.request import Request
 
-from celery_beetle.facts import COMPLETED_MARK, FACTS_HEADER, HANDBACK_MARK
+from celery_beetle.facts import COMPLETED_MARK, FACTS_HEADER, HANDBACK_MARK, RUNTIME_MARK
 from celery_beetle.run import AttemptsExhausted, DeadLettered, HandBack, Run
 from celery_beetle.settings import DEPRECATED_OPTIONS, TASK_OPTIONS, BeetleSettings, take_deprecated
 from kombu_beetle.envelope import FLAG_REDUNDANT, FLAGS_HEADER
@@ -185,6 +186,10 @@ class BeetleRequest(Request):
 
     A run the pool handed back (:class:`~celery_beetle.run.HandBack`) is marked too, so that
     the gate requeues it after a backoff rather than at once.
+
+    When the gate claimed the message, the mark is what makes the gate store the completion
+    before the ack (:meth:`~celery_beetle.gate.DeliveryGate.complete_before_ack`): the pool
+    left it to the main process.
     """
 
     _beetle_not_completed = False
@@ -218,6 +223,8 @@ class BeetleRequest(Request):
             facts = (self.message.headers or {}).get(FACTS_HEADER)
             if isinstance(facts, dict):
                 facts[COMPLETED_MARK] = True
+                if self.time_start:  # when the pool accepted it (wall clock)
+                    facts[RUNTIME_MARK] = round((time.time() - self.time_start) * 1000)
         super().acknowledge()
 
 

@@ -78,7 +78,12 @@ def test_redis_killed_mid_run_holds_completions_until_it_returns_and_nothing_run
     # the outage was noticed: by a completion waiting for Redis, or by the gate or a claim
     assert any(
         sign in log
-        for sign in ("retrying until Redis takes it", "dedup store is unreachable", "cannot claim")
+        for sign in (
+            "retrying until Redis takes it",
+            "cannot store a completion yet",
+            "dedup store is unreachable",
+            "cannot claim",
+        )
     ), log[-3000:]
 
 

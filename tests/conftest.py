@@ -14,8 +14,8 @@ are the pytest plugin's (`celery_beetle.pytest_plugin`, what users test their ow
 so there is one implementation and the suite exercises it. Where the servers run, chosen once
 per session by the plugin and named at its start (`BEETLE_TEST_SERVERS`, not
 BEETLE_TEST_BACKEND: that one is the test apps' Celery result backend):
-- containers (celery_beetle/testing/containers.py, testcontainers) when a Docker engine answers a ping
-  within a second and has or can pull the images; `BEETLE_TEST_SERVERS=containers` insists on
+- containers (celery_beetle/testing/containers.py, testcontainers) when a Docker engine answers
+  a ping within a second and has or can pull the images; `BEETLE_TEST_SERVERS=containers` insists on
   it and stops the run if either is missing.
   kill is `docker kill`, pause is `docker pause`, restart starts the same container again.
 - local otherwise, or with `BEETLE_TEST_SERVERS=local`: the installed binaries; a missing binary

@@ -36,7 +36,8 @@ Fixtures (prefixed ``beetle_`` so they sit beside pytest-celery's ``celery_*`` o
 
 Settings you may override as fixtures: ``beetle_app_path`` (else the ``beetle_app`` ini
 value), ``beetle_app_conf`` (more ``app.conf`` for both ends), ``beetle_transport_options``
-(over short timeouts), ``beetle_worker_options`` (``pool``, ``concurrency``, ``queue``);
+(over short timeouts), ``beetle_worker_options`` (``pool``, ``concurrency``, ``queue``,
+``env``, ...);
 ``beetle_brokers`` (ini, default 2) is how many RabbitMQ nodes the session starts.
 
 Servers run from the installed ``rabbitmq-server`` / ``redis-server`` binaries, or in
@@ -48,9 +49,7 @@ store, and a node a test killed or froze is brought back before the next.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -69,12 +68,11 @@ from celery_beetle.testing.nodes import (
     BeetleWorker,
     BeetleWorkerCluster,
 )
-from celery_beetle.testing.rabbit import RabbitNode, RabbitNodeError, start_all
+from celery_beetle.testing.rabbit import RabbitNode, start_all
 from celery_beetle.testing.redis_server import RedisServer
+from celery_beetle.testing.servers import fresh_redis, fresh_vhost
 from celery_beetle.testing.worker import WorkerProcess
 
-#: vhosts the fixtures create start with it; one a killed node kept is deleted at restart
-TEST_VHOST_PREFIX = "test-"
 WORKER_MODULE = "celery_beetle.testing.worker_app"
 
 
@@ -143,49 +141,6 @@ def beetle_redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Re
         servers.discard(server)
 
 
-def heal_nodes(nodes: list[RabbitNode]) -> None:
-    """Unfreeze and restart what an earlier test froze or killed; drop the vhosts it left."""
-    for node in nodes:
-        if node.is_paused:
-            node.resume()
-    dead = [node for node in nodes if not node.is_running]
-    start_all(dead, timeout=servers.start_timeout())
-    for node in dead:  # a test that killed it could not clean up its vhost
-        for vhost in node.vhosts():
-            if vhost.startswith(TEST_VHOST_PREFIX):
-                node.delete_vhost(vhost)
-
-
-@contextlib.contextmanager
-def fresh_vhost(nodes: list[RabbitNode]) -> Iterator[str]:
-    """Every node up, with a vhost of this test's own; the vhost is deleted after."""
-    heal_nodes(nodes)
-    vhost = f"{TEST_VHOST_PREFIX}{uuid.uuid4().hex[:12]}"
-    for node in nodes:
-        node.create_vhost(vhost)
-    try:
-        yield vhost
-    finally:
-        for node in nodes:
-            if node.is_paused:
-                node.resume()
-            if node.is_running:
-                with contextlib.suppress(RabbitNodeError, OSError):
-                    node.delete_vhost(vhost)
-
-
-def fresh_redis(server: RedisServer) -> RedisServer:
-    """The server running, unfrozen, accepting writes, with an empty database."""
-    if server.is_paused:
-        server.resume()
-    if not server.is_running:
-        server.start()
-    with server.client() as client:
-        client.config_set("maxmemory", 0)  # a refusing_writes a test left behind
-        client.flushall()
-    return server
-
-
 # -- per test ------------------------------------------------------------------------------
 
 
@@ -227,8 +182,9 @@ def beetle_transport_options() -> dict[str, Any]:
 
 @pytest.fixture
 def beetle_worker_options() -> dict[str, Any]:
-    """``pool`` (solo), ``concurrency`` (1), ``queue`` (the app's default queue), and
-    ``root`` (where the worker runs and imports from: pytest's rootdir)."""
+    """``pool`` (solo), ``concurrency`` (1), ``queue`` (the app's default queue), ``root``
+    (where the worker runs and imports from: pytest's rootdir), ``env`` (more environment
+    variables) and ``extra_args`` (more ``celery worker`` arguments)."""
     return {}
 
 
@@ -273,11 +229,13 @@ def beetle_worker_factory(
     beetle_worker_options: dict[str, Any],
 ) -> Iterator[Callable[..., BeetleWorker]]:
     """``beetle_worker_factory(url=None, **options)``: another started worker of the app
-    (``url``: a ``beetle://`` URL over some of the nodes); all are killed after the test."""
+    (``url``: a ``beetle://`` URL over some of the nodes; ``options`` over
+    ``beetle_worker_options``, ``env`` merged into its); all are killed after the test."""
     started: list[BeetleWorker] = []
 
     def make(url: str | None = None, **options: Any) -> BeetleWorker:
-        options = {**beetle_worker_options, **options}
+        more_env = {**beetle_worker_options.get("env", {}), **options.get("env", {})}
+        options = {**beetle_worker_options, **options, "env": more_env}
         queue = options.pop("queue", None) or beetle_app.conf.task_default_queue
         root = Path(options.pop("root", None) or request.config.rootpath)
         env = apps.worker_env(
@@ -288,6 +246,7 @@ def beetle_worker_factory(
             transport_options=beetle_transport_options,
             conf=beetle_app_conf,
         )
+        env.update(options.pop("env"))
         log = beetle_trace_dir.parent / f"beetle-worker{len(started)}.log"
         process = WorkerProcess(
             WORKER_MODULE,

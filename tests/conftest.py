@@ -36,8 +36,8 @@ from typing import Any, Protocol
 
 import pytest
 
-from celery_beetle.pytest_plugin import fresh_redis, fresh_vhost
 from celery_beetle.testing import servers
+from celery_beetle.testing.servers import fresh_redis, fresh_vhost
 from tests.harness import BrokerSet, RabbitNode, RedisServer, TcpProxy, redis_server_binary
 from tests.harness.sentinel import SentinelSet
 

@@ -14,12 +14,20 @@ the container classes subclass them), so fixtures and fault helpers never ask wh
 
 from __future__ import annotations
 
+import contextlib
 import os
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from celery_beetle.testing.rabbit import RabbitNode, rabbitmq_server_binary
+from celery_beetle.testing.rabbit import (
+    RabbitNode,
+    RabbitNodeError,
+    rabbitmq_server_binary,
+    start_all,
+)
 from celery_beetle.testing.redis_server import RedisServer, redis_server_binary
 
 __all__ = [
@@ -27,6 +35,9 @@ __all__ = [
     "backend",
     "choose_backend",
     "discard",
+    "fresh_redis",
+    "fresh_vhost",
+    "heal_nodes",
     "new_rabbit",
     "new_redis",
     "server_missing",
@@ -37,6 +48,9 @@ __all__ = [
 BACKENDS = ("auto", "local", "containers")
 #: seconds for a node to answer: ~5 s locally; a container's first boot also unpacks its image
 LOCAL_START_TIMEOUT, CONTAINER_START_TIMEOUT = 60, 120
+
+#: vhosts the fixtures create start with it; one a killed node kept is deleted at restart
+TEST_VHOST_PREFIX = "test-"
 
 _chosen: str | None = None
 
@@ -140,3 +154,49 @@ def server_missing(what: str) -> None:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"{message} (CI=true: install it rather than skip)", pytrace=False)
     pytest.skip(message)
+
+
+# -- session servers, made ready for the next test ---------------------------------------
+
+
+def heal_nodes(nodes: list[RabbitNode]) -> None:
+    """Unfreeze and restart what an earlier test froze or killed; drop the vhosts it left."""
+    for node in nodes:
+        if node.is_paused:
+            node.resume()
+    dead = [node for node in nodes if not node.is_running]
+    start_all(dead, timeout=start_timeout())
+    for node in dead:  # a test that killed it could not clean up its vhost
+        for vhost in node.vhosts():
+            if vhost.startswith(TEST_VHOST_PREFIX):
+                node.delete_vhost(vhost)
+
+
+@contextlib.contextmanager
+def fresh_vhost(nodes: list[RabbitNode]) -> Iterator[str]:
+    """Every node up, with a vhost of this test's own; the vhost is deleted after."""
+    heal_nodes(nodes)
+    vhost = f"{TEST_VHOST_PREFIX}{uuid.uuid4().hex[:12]}"
+    for node in nodes:
+        node.create_vhost(vhost)
+    try:
+        yield vhost
+    finally:
+        for node in nodes:
+            if node.is_paused:
+                node.resume()
+            if node.is_running:
+                with contextlib.suppress(RabbitNodeError, OSError):
+                    node.delete_vhost(vhost)
+
+
+def fresh_redis(server: RedisServer) -> RedisServer:
+    """The server running, unfrozen, accepting writes, with an empty database."""
+    if server.is_paused:
+        server.resume()
+    if not server.is_running:
+        server.start()
+    with server.client() as client:
+        client.config_set("maxmemory", 0)  # a refusing_writes a test left behind
+        client.flushall()
+    return server

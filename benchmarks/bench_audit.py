@@ -193,7 +193,7 @@ def _commands(
     audit += ["--driver-memory", a.driver_memory]
     runs: list[tuple[str, list[str], str | None]] = []
     if not a.skip_naive:
-        runs.append(("naive", [py, "-m", "benchmarks.naive_audit", str(trace)], None))
+        runs.append(("naive", [py, "-m", "celery_beetle.audit.naive", str(trace)], None))
     floor = [py, "-m", "benchmarks.audit_floor", str(trace), "--driver-memory", a.driver_memory]
     runs.append(("floor", floor, None))
     if a.baseline:

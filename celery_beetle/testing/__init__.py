@@ -1,0 +1,49 @@
+"""Testing BeetleTasks against real servers under faults: the pytest plugin's parts.
+
+- :mod:`.rabbit`, :mod:`.redis_server`: throwaway RabbitMQ nodes and Redis servers from the
+  installed binaries, each on its own ports and data dir, so a test can kill -9, SIGSTOP or
+  restart them by pid; :mod:`.containers` has the same two in containers (testcontainers),
+  and :mod:`.servers` chooses between them once per session.
+- :mod:`.worker`: a ``celery worker`` subprocess, killable by pid; :mod:`.app` points the
+  user's app at a test's servers; :mod:`.redis_faults`: a Redis that refuses writes.
+- :mod:`.nodes`: pytest-celery's setup, broker cluster, backend and worker classes carrying
+  them; :mod:`.verdict`: the exactly-once assertion on a test's trace.
+- The fixtures are in :mod:`celery_beetle.pytest_plugin`.
+
+Nothing is imported here until asked for (``from celery_beetle.testing import X`` works for
+the names in ``__all__``), so the servers can be used without pytest-celery's imports.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "RabbitNode": "rabbit",
+    "RabbitNodeError": "rabbit",
+    "BrokerSet": "rabbit",
+    "beetle_url": "rabbit",
+    "RedisServer": "redis_server",
+    "RedisServerError": "redis_server",
+    "WorkerProcess": "worker",
+    "refusing_writes": "redis_faults",
+    "wait_until": "waiting",
+    "free_port": "ports",
+    "BeetleBroker": "nodes",
+    "BeetleBrokerCluster": "nodes",
+    "BeetleStore": "nodes",
+    "BeetleTestSetup": "nodes",
+    "BeetleWorker": "nodes",
+    "ExactlyOnceError": "verdict",
+    "assert_exactly_once": "verdict",
+    "judge_trace": "verdict",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)

@@ -14,7 +14,7 @@ import pytest
 from kombu.asynchronous import Hub
 
 from celery_beetle.gate_reads import PipelinedReads, pipelined_reads_for
-from celery_beetle.outcome import Limits
+from celery_beetle.outcome import Claim, Limits
 from celery_beetle.state import MessageFacts, Status
 from celery_beetle.store import RedisStore, wall_clock_ms
 
@@ -134,3 +134,59 @@ def test_without_an_event_loop_or_a_single_connection_pool_the_gate_reads_synchr
 
     assert pipelined_reads_for(RedisStore.from_url(redis_url), None, 2.0) is None
     assert pipelined_reads_for(FakeStore(), hub, 2.0) is None  # no Redis client: a test
+
+
+# -- script calls: the gate's claim and completion -------------------------------------------
+
+
+def test_claims_and_completions_ride_in_one_batch_each_with_its_decision(redis_url, hub):
+    store = RedisStore.from_url(redis_url)
+    reads = pipelined_reads_for(store, hub, 2.0)
+    assert reads is not None
+    limits = Limits(60_000)
+    store.complete(facts(2), store.claim(facts(2), limits, "other").token)
+    before = store.round_trips
+    answers: dict[str, Any] = {}
+    reads.claim(facts(1), limits, "gate-1", lambda d, exc: answers.setdefault("new", (d, exc)))
+    reads.claim(facts(2), limits, "gate-1", lambda d, exc: answers.setdefault("done", (d, exc)))
+    reads.read(facts(3), lambda s, exc: answers.setdefault("read", (s, exc)))
+    spin(hub, lambda: len(answers) == 3)
+    assert store.round_trips - before == 1
+    claim, error = answers["new"]
+    assert error is None and claim.outcome is Claim.ACQUIRED and claim.attempt == 1
+    assert answers["done"][0].outcome is Claim.ALREADY_DONE
+    assert answers["read"] == (None, None)
+    completed: list[Any] = []
+    reads.complete(facts(1), claim.token, lambda fence, exc: completed.append((fence, exc)))
+    spin(hub, lambda: completed)
+    assert completed[0][0].ok and completed[0][1] is None
+    assert store.peek("celery", "m-1").status is Status.COMPLETED
+    reads.close()
+
+
+def test_a_flushed_script_is_loaded_again_and_the_call_still_answers(redis_url, hub):
+    store = RedisStore.from_url(redis_url)
+    reads = pipelined_reads_for(store, hub, 2.0)
+    assert reads is not None
+    first_answer(reads, hub)
+    store.client.script_flush()
+    answers: list[Any] = []
+    reads.claim(facts(7), Limits(60_000), "gate-1", lambda d, exc: answers.append((d, exc)))
+    spin(hub, lambda: answers)
+    assert answers[0][1] is None and answers[0][0].outcome is Claim.ACQUIRED
+    assert store.peek("celery", "m-7").attempts == 1, "claimed once, not once per try"
+    reads.close()
+
+
+def test_an_error_reply_goes_to_its_own_call_and_the_others_are_answered(redis_url, hub):
+    store = RedisStore.from_url(redis_url)
+    reads = pipelined_reads_for(store, hub, 2.0)
+    assert reads is not None
+    store.client.set(store.key("celery", "m-8"), "not a hash")  # WRONGTYPE inside the script
+    answers: dict[int, Any] = {}
+    for n in (8, 9):
+        reads.claim(facts(n), Limits(60_000), "g", lambda d, e, n=n: answers.setdefault(n, (d, e)))
+    spin(hub, lambda: len(answers) == 2)
+    assert answers[8][0] is None and "WRONGTYPE" in str(answers[8][1])
+    assert answers[9][1] is None and answers[9][0].outcome is Claim.ACQUIRED
+    reads.close()

@@ -1,0 +1,212 @@
+"""The gate's own claim and the completion it stores before the ack (FakeStore, no server).
+
+With pipelined calls the gate claims a delivery in its batch instead of reading its record;
+the pool then runs on that lease and the gate stores the completion before it acks. The
+calls here answer when the test says a loop pass ended (``flush``), as the batch would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from celery_beetle.facts import CLAIM_MARK, COMPLETED_MARK, FACTS_HEADER, GateClaim
+from celery_beetle.fake_store import FakeStore
+from celery_beetle.gate import DeliveryGate
+from celery_beetle.outcome import Limits
+from celery_beetle.state import MessageFacts, Status
+from tests.unit.test_gate import NOW_MS, Clock, Message, QoS, Timer
+
+LIMITS = Limits(lease_timeout_ms=10_000, attempts=3, exceptions=2, delay_ms=1_000)
+
+
+class Calls:
+    """The gate's pipelined calls on a FakeStore: queued, answered by ``flush()``."""
+
+    def __init__(self, store: FakeStore) -> None:
+        self.store = store
+        self.queued: list[tuple[Callable[[], Any], Callable[[Any, Any], None]]] = []
+        self.failing: BaseException | None = None
+        self.kinds: list[str] = []
+
+    def read(self, facts: MessageFacts, callback: Any) -> None:
+        self.kinds.append("read")
+        self.queued.append((lambda: self.store.peek(facts.scope, facts.message_id), callback))
+
+    def claim(self, facts: MessageFacts, limits: Limits, owner: str, callback: Any) -> None:
+        self.kinds.append("claim")
+        self.queued.append((lambda: self.store.claim(facts, limits, owner), callback))
+
+    def complete(self, facts: MessageFacts, token: int, callback: Any) -> None:
+        self.kinds.append("complete")
+        self.queued.append((lambda: self.store.complete(facts, token), callback))
+
+    def close(self) -> None:
+        self.flush(RedisConnectionError("closed"))
+
+    def flush(self, error: BaseException | None = None) -> None:
+        queued, self.queued = self.queued, []
+        for call, callback in queued:
+            error = error or self.failing
+            if error is not None:
+                callback(None, error)
+            else:
+                callback(call(), None)
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.clock = Clock()
+        self.timer = Timer(self.clock)
+        self.store = FakeStore(clock=self.clock)
+        self.calls = Calls(self.store)
+        self.started: list[tuple[Message, Callable[..., None]]] = []
+        self.acked: list[Message] = []
+        self.gate = DeliveryGate(
+            store=self.store,
+            call_later=self.timer,
+            qos=lambda: QoS(),
+            dead_letter=lambda *args: None,
+            queue_of=lambda message: message.delivery_info["routing_key"],
+            probe=lambda: True,
+            clock=self.clock,
+            reads=self.calls,
+            claims_for=lambda message, name: LIMITS,
+            worker="celery@here",
+        )
+
+    def deliver(self, message: Message) -> str:
+        return self.gate.handle(
+            message, "t.beetle", lambda done: self.started.append((message, done))
+        )
+
+    def succeed(self, message: Message, done: Callable[..., None]) -> bool:
+        """What the request does after a successful run: mark it, then ack through the
+        strategy's wrapper (as the bootstep's ``on_ack``); True if the ack waits."""
+        message.headers[FACTS_HEADER][COMPLETED_MARK] = True
+
+        def acked() -> None:
+            message.ack()
+            self.acked.append(message)
+            done()
+
+        if self.gate.complete_before_ack(message, acked):
+            return True
+        acked()
+        return False
+
+    def facts(self, message_id: str = "m1") -> MessageFacts:
+        return MessageFacts("jobs", message_id, NOW_MS + 86_400_000)
+
+
+@pytest.fixture
+def h() -> Harness:
+    return Harness()
+
+
+def test_the_gate_claims_and_the_run_carries_the_lease_to_the_pool(h):
+    first = Message()
+    assert h.deliver(first) == "reading"
+    assert h.calls.kinds == ["claim"]
+    h.calls.flush()
+    ((message, _),) = h.started
+    claim = GateClaim.from_mark(message.headers[FACTS_HEADER][CLAIM_MARK])
+    assert claim is not None and claim.token == 1 and claim.attempt == 1
+    assert claim.deadline_ms == NOW_MS + LIMITS.lease_timeout_ms
+    record = h.store.peek("jobs", "m1")
+    assert record.status is Status.RUNNING and record.owner == claim.owner
+
+
+def test_the_ack_waits_for_the_completion_and_the_twin_is_dropped_without_a_call(h):
+    first, twin = Message(broker="a"), Message(broker="b")
+    h.deliver(first)
+    h.deliver(twin)  # waits for its twin's claim: no call of its own
+    h.calls.flush()
+    ((message, done),) = h.started
+    assert h.succeed(message, done)
+    assert first.acks == 0, "no ack before the completion is stored"
+    h.calls.flush()
+    assert h.store.peek("jobs", "m1").status is Status.COMPLETED
+    assert first.acks == 1 and twin.acks == 1
+    assert h.calls.kinds == ["claim", "complete"]
+    assert h.gate.stats["completed"] == 1 and h.gate.stats["known_completed"] == 1
+
+
+def test_a_completion_redis_refuses_is_retried_and_the_message_is_not_acked_meanwhile(h):
+    first = Message()
+    h.deliver(first)
+    h.calls.flush()
+    ((message, done),) = h.started
+    h.succeed(message, done)
+    h.calls.failing = RedisConnectionError("connection refused")
+    h.calls.flush()
+    assert first.acks == 0 and h.gate.paused, "the gate stops taking messages meanwhile"
+    for _ in range(3):
+        h.timer.advance(5)
+        h.calls.flush()
+    assert first.acks == 0
+    h.calls.failing = None
+    h.timer.advance(5)
+    h.calls.flush()
+    assert first.acks == 1
+    assert h.store.peek("jobs", "m1").status is Status.COMPLETED
+
+
+def test_a_completion_refused_after_a_takeover_acks_and_lets_the_twin_look_again(h):
+    first, twin = Message(broker="a"), Message(broker="b")
+    h.deliver(first)
+    h.deliver(twin)
+    h.calls.flush()
+    ((message, done),) = h.started
+    h.clock.ms += LIMITS.lease_timeout_ms + 1  # the lease ran out: another worker took over
+    assert h.store.claim(h.facts(), LIMITS, "other").acquired
+    h.succeed(message, done)
+    h.calls.flush()
+    assert first.acks == 1
+    assert message.headers[FACTS_HEADER][COMPLETED_MARK] is False
+    assert twin.acks == 0, "not a known duplicate: it goes through the gate again"
+    h.timer.advance(0)
+    h.calls.flush()
+    assert h.gate.stats["deferred"] == 1, "the other worker's lease is live"
+
+
+def test_a_copy_whose_claim_is_locked_elsewhere_is_deferred(h):
+    assert h.store.claim(h.facts(), LIMITS, "other").acquired
+    h.deliver(Message())
+    h.calls.flush()
+    assert not h.started and h.gate.stats["deferred"] == 1
+
+
+def test_a_message_out_of_attempts_goes_to_the_pool_to_publish_its_dead_letter(h):
+    for n in range(LIMITS.attempts):
+        h.store.claim(h.facts(), LIMITS, f"crashed-{n}")
+        h.clock.ms += LIMITS.lease_timeout_ms + 1
+    h.deliver(Message())
+    h.calls.flush()
+    ((message, _),) = h.started
+    claim = GateClaim.from_mark(message.headers[FACTS_HEADER][CLAIM_MARK])
+    assert claim is not None and claim.dead_letter == "attempts_limit" and not claim.token
+
+
+def test_a_claim_answered_after_a_consumer_restart_is_released(h):
+    h.calls.close = lambda: None  # type: ignore[method-assign]  # the reply is on its way
+    h.deliver(Message())
+    h.gate.reset()  # the consumer restarts: the delivery cannot be acked any more
+    h.calls.flush()
+    assert not h.started
+    record = h.store.peek("jobs", "m1")
+    assert record is not None and record.token == 1, "it was claimed"
+    assert record.status is Status.PENDING, "and released: its redelivery need not wait"
+    assert record.attempts == 0, "a release gives the attempt back"
+
+
+def test_a_task_with_an_eta_is_read_and_left_to_the_pool_to_claim(h):
+    h.gate.claims_for = lambda message, name: None if message.headers.get("eta") else LIMITS
+    h.deliver(Message(headers={"eta": "2030-01-01T00:00:00"}))
+    h.calls.flush()
+    assert h.calls.kinds == ["read"]
+    ((message, _),) = h.started
+    assert CLAIM_MARK not in message.headers[FACTS_HEADER]

@@ -66,28 +66,46 @@ class OutboxRun:
         self.workers: list[WorkerProcess] = []
         self.relays: list[subprocess.Popen[bytes]] = []
         self.outs: list[Path] = []
-        self.committed: dict[int, str] = {}
         self.rolled_back: dict[int, str] = {}
         self.errors: list[BaseException] = []
 
     # -- the application side ------------------------------------------------------------
 
-    def commit_order(self, item: int, *, rollback: bool = False, sleep_s: float = 0.0) -> str:
-        """One transaction: the order row and its task; rolled back when asked."""
+    def commit_order(self, item: int, *, rollback: bool = False, sleep_s: float = 0.0) -> None:
+        """One transaction: the order row and its task; rolled back when asked.
+
+        A transaction that fails with the database is tried again, as an application
+        would; a commit whose answer was lost may have committed, so what counts as
+        committed is read back from ``orders`` (:meth:`committed_items`), never assumed.
+        """
         from celery_beetle import outbox
 
         task = self.app.tasks["eo.record"]
-        try:
-            with Session(self.engine) as session, session.begin():
-                result = outbox.delay(session, task, item, sleep_s)
-                session.execute(sa.insert(ORDERS), [{"id": item, "task_id": result.id}])
-                if rollback:
-                    self.rolled_back[item] = result.id
-                    raise Rollback()
-        except Rollback:
-            return result.id
-        self.committed[item] = result.id
-        return result.id
+        for _ in range(300):
+            try:
+                with Session(self.engine) as session, session.begin():
+                    result = outbox.delay(session, task, item, sleep_s)
+                    session.execute(sa.insert(ORDERS), [{"id": item, "task_id": result.id}])
+                    if rollback:
+                        self.rolled_back[item] = result.id
+                        raise Rollback()
+                return
+            except Rollback:
+                return
+            except sa.exc.IntegrityError:
+                return  # the earlier try did commit: the order is there
+            except sa.exc.DBAPIError as exc:
+                if not exc.connection_invalidated and not isinstance(
+                    exc, (sa.exc.OperationalError, sa.exc.InterfaceError)
+                ):
+                    raise
+                time.sleep(0.1)
+        raise RuntimeError(f"order {item}: the database did not come back")
+
+    def committed_items(self) -> dict[int, str]:
+        """``{order: task id}`` of the committed orders, from the database."""
+        with self.engine.connect() as conn:
+            return {row.id: row.task_id for row in conn.execute(sa.select(ORDERS))}
 
     def commit_orders(
         self, items: range, *, interval_s: float = 0.0, background: bool = False
@@ -179,7 +197,7 @@ class OutboxRun:
             return int(conn.execute(sa.select(sa.func.count()).select_from(OUTBOX)).scalar_one())
 
     def wait_all_done(self, timeout: float = 60) -> set[int]:
-        wanted = set(self.committed)
+        wanted = set(self.committed_items())
         wait_until(lambda: wanted <= set(self.done_items()), timeout=timeout, interval=0.2)
         return wanted - set(self.done_items())
 
@@ -214,9 +232,10 @@ class OutboxRun:
         bad = {k: v for k, v in summary["samples"].items() if v}
         counts = {k: summary[k] for k in ("lost", "duplicated", "unexpected", "never_relayed")}
         assert counts == dict.fromkeys(counts, 0), bad
-        assert summary["completed_once"] == len(self.committed), summary
+        committed = self.committed_items()
+        assert summary["completed_once"] == len(committed), summary
         ran = self.done_items()
-        assert sorted(ran) == sorted(self.committed), "a task ran twice, or never"
+        assert sorted(ran) == sorted(committed), "a task ran twice, or never"
         assert not set(ran) & set(self.rolled_back), "a rolled-back order's task ran"
         assert self.waiting_rows() == 0
         return summary

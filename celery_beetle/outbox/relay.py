@@ -32,6 +32,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -128,7 +129,7 @@ class Relay:
                     try:
                         sendable.append((row, _outgoing(row)))
                         continue
-                    except (TypeError, ValueError, KeyError, OverflowError) as exc:
+                    except (TypeError, ValueError, KeyError, OverflowError, struct.error) as exc:
                         reason = f"bad payload: {type(exc).__name__}: {exc}"
                 result.aside[row["id"]] = reason
             publisher = self.channel.publisher

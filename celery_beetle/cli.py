@@ -6,7 +6,8 @@ matplotlib, celery) are imported inside the subcommand that needs them, so ``bee
 and quick subcommands start in a fraction of a second.
 
 ``beetle dead-letters`` (``beetle dead``) and ``beetle queues`` live in
-:mod:`celery_beetle.ops.cli`.
+:mod:`celery_beetle.ops.cli`; ``beetle relay`` and ``beetle outbox`` in
+:mod:`celery_beetle.outbox.cli`.
 
 Exit status of ``beetle audit``: 0 when the verdict is clean, 1 when any message is lost,
 duplicated or unexpected, 2 for usage errors, 3 when the audit could not run or the trace
@@ -272,6 +273,10 @@ def _register_operations() -> None:
     main.add_command(dead_letters)
     main.add_command(dead_letters, "dead")
     main.add_command(queues)
+    from celery_beetle.outbox.cli import outbox, relay
+
+    main.add_command(outbox)
+    main.add_command(relay)
 
 
 _register_operations()

@@ -6,6 +6,9 @@ publishes BeetleTask messages (each to both brokers).  Halfway it kills one brok
 worker with SIGKILL, later brings the broker back, and prints what was published,
 completed, dropped as duplicates, and whether every task ran exactly once.  It ends with a
 task that fails and is dead-lettered, lists the dead letter, "fixes the bug" and replays it.
+Then the outbox (:mod:`examples.demo_outbox`): orders committed with their tasks, one rolled
+back, the relay killed halfway; every committed order's task runs once, the rolled-back one
+never (on a local PostgreSQL unless ``BEETLE_OUTBOX_DB`` is set).
 
     python -m examples.demo [--tasks 600] [--audit]
 """
@@ -126,6 +129,9 @@ def main() -> None:
         elapsed = time.monotonic() - started
         report(base, published, runs, elapsed)
         dead_letter_and_replay(app, broker_url, redis_url, base)
+        from examples import demo_outbox
+
+        demo_outbox.run(app, base, env)
         workers[1].stop()
         if args.audit:
             run_audit(base)

@@ -82,6 +82,9 @@ class BrokerChannel(pyamqp.Channel):
     """
 
     beetle_link: BrokerLink | None = None
+    #: messages written by :meth:`~kombu_beetle.publish.Publisher.publish_many` on this
+    #: channel: in confirm mode, the delivery tag of the last one
+    beetle_sent: int = 0
 
     def _link_call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         link = self.beetle_link

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,13 @@ from amqp import spec
 from amqp.exceptions import MessageNacked
 
 from .brokers import CAUGHT_ERRORS, BrokerChannel, BrokerLink, BrokerSet, fail_or_raise
-from .envelope import REPUBLISHED_HEADER, ensure_message_id, is_redundant, stamp_redundant
+from .envelope import (
+    REPUBLISHED_HEADER,
+    InvalidExpiry,
+    ensure_message_id,
+    is_redundant,
+    stamp_redundant,
+)
 from .errors import MessageTooLarge, NoBrokerAvailable, PublishNotConfirmed
 from .frames import body_size, write_publish
 from .options import BeetleOptions
@@ -102,6 +108,30 @@ class Copies:
     @property
     def more_to_try(self) -> bool:
         return self.missing > 0 and self.position < len(self.candidates)
+
+
+@dataclass(slots=True)
+class Outgoing:
+    """One message for :meth:`Publisher.publish_many`."""
+
+    message: amqp.Message
+    exchange: str
+    routing_key: str
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What became of one :class:`Outgoing`: the brokers that confirmed it, or the error
+    that left it unpublished (``error`` set, ``brokers`` empty). ``degraded``: fewer
+    copies than a redundant message wants (one broker was all there was, or a copy failed)."""
+
+    brokers: list[str]
+    error: BaseException | None = None
+    degraded: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
 
 
 class Publisher:
@@ -250,3 +280,102 @@ class Publisher:
                 ", ".join(link.name for link in done),
             )
         return [link.name for link in done]
+
+    # -- many in flight ------------------------------------------------------------------
+
+    def publish_many(
+        self, items: Sequence[Outgoing], timeout: float | None = None
+    ) -> list[Outcome]:
+        """Publish ``items`` with every copy written before any confirm is awaited.
+
+        :meth:`publish` waits for one message's confirms before the next is written; here a
+        batch costs about one confirm round trip in all, which is what a relay draining a
+        table needs. Each message is settled as :meth:`publish` settles one (copies moved to
+        the next broker when one fails, ``published`` traced), and its :class:`Outcome` says
+        which brokers confirmed it; an error (too large, a bad expiry, no broker took it)
+        is returned in its outcome, never raised, so one bad message does not fail the rest.
+
+        Confirms are matched to messages by delivery tag, so this must be the only way the
+        channel publishes (a relay opens a channel of its own): :meth:`publish` on the same
+        channel would shift the tags.
+        """
+        outcomes: list[Outcome | None] = [None] * len(items)
+        flights: list[tuple[int, Copies, Outgoing]] = []
+        for index, item in enumerate(items):
+            try:
+                self.refuse_oversized(item.message, item.exchange, item.routing_key)
+                copies = self.choose(item.message, item.routing_key)
+            except (MessageTooLarge, InvalidExpiry, NoBrokerAvailable) as exc:
+                outcomes[index] = Outcome([], exc)
+                continue
+            flights.append((index, copies, item))
+        pending = flights
+        while pending:
+            sent: dict[BrokerChannel, dict[int, tuple[BrokerLink, Copies]]] = {}
+            for _, copies, item in pending:
+                for link, sub in self.write(copies, item.exchange, item.routing_key, False, False):
+                    tag = sub.beetle_sent = sub.beetle_sent + 1
+                    sent.setdefault(sub, {})[tag] = (link, copies)
+            self._await_tags(sent, timeout)
+            pending = [flight for flight in pending if flight[1].more_to_try]
+        for index, copies, item in flights:
+            try:
+                brokers = self.settle(copies, item.routing_key)
+            except (NoBrokerAvailable, PublishNotConfirmed) as exc:
+                outcomes[index] = Outcome([], exc)
+                continue
+            outcomes[index] = Outcome(brokers, None, copies.redundant and copies.missing > 0)
+        return [outcome for outcome in outcomes if outcome is not None]
+
+    def _await_tags(
+        self,
+        sent: dict[BrokerChannel, dict[int, tuple[BrokerLink, Copies]]],
+        timeout: float | None,
+    ) -> None:
+        """Wait, under one deadline, for the confirms of every tag in ``sent``; a broker
+        that fails or times out loses all its unconfirmed copies (they go elsewhere)."""
+        if not self.options.confirm_publish:
+            for tags in sent.values():
+                for link, copies in tags.values():
+                    copies.done.append(link)
+            return
+        deadline = time.monotonic() + (timeout or self.options.confirm_timeout_s)
+        for sub, tags in sent.items():
+            link = next(iter(tags.values()))[0]
+            try:
+                _Confirms(link, tags).wait(sub, deadline)
+            except CAUGHT_ERRORS as exc:
+                for _, copies in tags.values():
+                    copies.failed.append(link.name)
+                tags.clear()
+                fail_or_raise(link, exc)
+
+
+class _Confirms:
+    """The confirms one broker owes for the copies written to it, by delivery tag: an ack
+    or nack may settle several at once (``multiple``)."""
+
+    def __init__(self, link: BrokerLink, tags: dict[int, tuple[BrokerLink, Copies]]) -> None:
+        self.link, self.tags = link, tags
+
+    def wait(self, sub: BrokerChannel, deadline: float) -> None:
+        while self.tags:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("confirm timeout")
+            sub.wait(_CONFIRMS, callback=self.on_confirm, timeout=remaining)
+
+    def on_confirm(self, method: Any, tag: int, multiple: bool, *rest: Any) -> None:
+        tags, link = self.tags, self.link
+        for t in [t for t in tags if t <= tag] if multiple else [tag]:
+            entry = tags.pop(t, None)
+            if entry is None:
+                continue
+            copies = entry[1]
+            if method == spec.Basic.Ack:
+                copies.done.append(link)
+                continue
+            copies.nacked = True
+            copies.failed.append(link.name)
+            message_id = copies.message.properties["message_id"]
+            logger.warning("beetle: %s nacked message %s", link.name, message_id)

@@ -48,6 +48,14 @@ Who emits what:
     (``detail = {"replay_id", "queue"}``): the audit counts a message that completes after
     its replay as replayed, not as unexpected or duplicated.
 
+``enqueued`` (the application, role ``outbox``)
+    A task written to the transactional outbox (:mod:`celery_beetle.outbox`), once its
+    transaction committed; a rolled-back one writes nothing.
+``relayed`` (the outbox relay, role ``publisher``)
+    The outbox row was deleted after its publish was confirmed (``detail.attempts``), or
+    set aside for an operator without being published (``detail.aside``: the reason). The
+    audit calls an ``enqueued`` message without a ``published`` event ``never_relayed``.
+
 Writing never blocks or fails a task: ``emit`` only appends to an in-memory buffer; a daemon
 thread writes it out every ``flush_interval_s`` or when ``buffer_bytes`` is reached, and past
 ``max_buffer_bytes`` new events are dropped and counted. Outcome events (``sync_events``:
@@ -119,6 +127,8 @@ EVENTS = (
     "dead_lettered",
     "expired",
     "replayed",
+    "enqueued",
+    "relayed",
 )
 _EVENT_SET = frozenset(EVENTS)
 _OPTIONAL = FIELDS[4:]

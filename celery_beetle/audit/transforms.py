@@ -13,6 +13,11 @@ Shape of the computation, chosen for 10 M events on two cores:
    (:func:`verdict_counts`, :func:`latency_percentiles`, :func:`broker_deliveries`, …) is a small
    aggregation over the per-message table.
 
+Outbox messages (:mod:`celery_beetle.outbox`) start with ``enqueued`` at commit: one that
+was never published is ``never_relayed`` (a bad verdict), one the relay set aside with a
+reason is ``set_aside``; an ``enqueued`` message that completed is not ``unexpected``, even
+when the relay's ``published`` events were lost with it.
+
 A message whose ``completed`` event is missing but whose other copy was dropped as a
 ``duplicate`` because the store said "completed" is counted as completed once (and in
 ``completed_unobserved``): the kill -9 window between storing a completion and tracing it
@@ -123,7 +128,7 @@ def per_message(events: DataFrame) -> DataFrame:
     """
     ok = ~F.col("malformed")
     event = F.when(ok, F.col("event"))  # a bad line must not count as an event
-    detail = F.when(F.col("event").isin("published", "duplicate"), F.col("detail"))
+    detail = F.when(F.col("event").isin("published", "duplicate", "relayed"), F.col("detail"))
     published = event == "published"
     keyed = events.select(
         F.when(ok, F.col("queue")).alias("queue"),
@@ -136,6 +141,7 @@ def per_message(events: DataFrame) -> DataFrame:
         (published & (detail["confirmed"] == "true")).alias("confirmed"),
         (published & (detail["redundant"] == "true")).alias("redundant"),
         ((event == "duplicate") & detail["status"].isin(*DONE_STATUS)).alias("seen_completed"),
+        ((event == "relayed") & detail["aside"].isNotNull()).alias("aside"),
         "malformed",
         F.col("line").alias("bad_line"),
     ).repartition("queue", "message_id")
@@ -150,6 +156,7 @@ def per_message(events: DataFrame) -> DataFrame:
         F.count(F.when(F.col("confirmed"), True)).alias("n_confirmed"),
         F.max("redundant").alias("redundant"),
         F.count(F.when(F.col("seen_completed"), True)).alias("n_seen_completed"),
+        F.count(F.when(F.col("aside"), True)).alias("n_aside"),
         F.collect_set(F.when(published, F.col("broker"))).alias("published_brokers"),
         F.collect_list(F.when(F.col("event") == "delivered", F.col("broker"))).alias(
             "delivered_brokers"
@@ -229,7 +236,10 @@ def classify(messages: DataFrame, skew_tolerance_ms: int = DEFAULT_SKEW_TOLERANC
         c("last_dead_lettered_ms").isNull() | (c("last_dead_lettered_ms") < c("last_replayed_ms"))
     )
     verdict = (
-        F.when((c("n_completed") > 0) & (c("n_published") == 0) & ~replayed, "unexpected")
+        F.when(
+            (c("n_completed") > 0) & (c("n_published") == 0) & (c("n_enqueued") == 0) & ~replayed,
+            "unexpected",
+        )
         .when((c("n_completed") > 1) | c("overlap"), "duplicated")
         .when(replayed & completed, "replayed")
         .when(completed, "completed_once")
@@ -237,6 +247,8 @@ def classify(messages: DataFrame, skew_tolerance_ms: int = DEFAULT_SKEW_TOLERANC
         .when(c("n_dead_lettered") > 0, "dead_lettered")
         .when(c("n_expired") > 0, "expired")
         .when(c("n_failed") > c("n_retried"), "failed")
+        .when((c("n_aside") > 0) & (c("n_published") == 0), "set_aside")
+        .when((c("n_enqueued") > 0) & (c("n_published") == 0), "never_relayed")
         .when(c("n_confirmed") > 0, "lost")
         .when(c("n_published") > 0, "unconfirmed")
         .otherwise("untracked")

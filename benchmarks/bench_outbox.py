@@ -1,0 +1,188 @@
+"""The transactional outbox: what enqueueing costs, how fast the relay drains, how long a
+committed task waits to be published. Each figure beside its baseline, measured in the same
+run (rounds interleaved, so both sides see the same machine load).
+
+- enqueue cost: a transaction inserting one business row and the task's outbox row,
+  against the same transaction without the outbox row (ratio: with / without);
+- relay throughput to two brokers (``publish_many``: a batch's copies all in flight, rows
+  deleted as confirms arrive) against direct ``apply_async`` of the same BeetleTask over
+  ``beetle://`` (one confirm round trip per task). Target: ratio >= 3;
+- commit-to-publish latency p50/p99 at a steady load (commit until the relay's pass that
+  published it committed its delete: an upper bound).
+
+Local throwaway PostgreSQL and two RabbitMQ nodes (BEETLE_BENCH_PORTS names brokers instead).
+
+    python -m benchmarks.bench_outbox [--tasks 3000] [--rounds 3] [--rate 400]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from typing import Any
+
+import sqlalchemy as sa
+from celery import Celery
+from kombu import Connection
+from sqlalchemy.orm import Session
+
+import celery_beetle
+from benchmarks._nodes import rabbit_ports
+from celery_beetle import BeetleTask, outbox
+from celery_beetle.outbox.relay import Relay
+from celery_beetle.outbox.table import OUTBOX, create_tables
+
+ORDERS = sa.Table(
+    "bench_orders",
+    sa.MetaData(),
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("total", sa.Integer, nullable=False),
+)
+
+
+def make_app(url: str) -> Celery:
+    app = Celery("bench", broker=url, set_as_current=False)
+    app.conf.task_default_queue = "bench"
+    app.conf.beetle_redis_url = "redis://127.0.0.1:1/0"  # never used: nothing consumes
+    celery_beetle.install(app)
+
+    @app.task(base=BeetleTask, name="bench.charge", shared=False)
+    def charge(order_id: int) -> int:
+        return order_id
+
+    return app
+
+
+def enqueue_rate(engine: sa.Engine, task: Any, n: int, with_outbox: bool) -> float:
+    started = time.perf_counter()
+    for i in range(n):
+        with Session(engine) as session, session.begin():
+            session.execute(sa.insert(ORDERS), [{"total": i}])
+            if with_outbox:
+                outbox.delay(session, task, i)
+    return n / (time.perf_counter() - started)
+
+
+def direct_rate(app: Celery, task: Any, n: int) -> float:
+    with app.producer_or_acquire() as producer:
+        task.apply_async((0,), producer=producer)  # declare and warm up
+        started = time.perf_counter()
+        for i in range(n):
+            task.apply_async((i,), producer=producer)
+        return n / (time.perf_counter() - started)
+
+
+def relay_rate(relay: Relay, engine: sa.Engine, task: Any, n: int) -> float:
+    with Session(engine) as session, session.begin():
+        for i in range(n):
+            outbox.delay(session, task, i)
+    started = time.perf_counter()
+    relayed = 0
+    while relayed < n:
+        relayed += len(relay.relay_once().relayed)
+    return n / (time.perf_counter() - started)
+
+
+def latencies(relay: Relay, engine: sa.Engine, task: Any, n: int, rate: float) -> list[float]:
+    """Commit-to-publish latency in ms of ``n`` tasks committed at ``rate`` per second."""
+    committed: dict[str, float] = {}
+    published: dict[str, float] = {}
+    original = relay.relay_once
+
+    def timed() -> Any:
+        result = original()
+        now = time.perf_counter()
+        for message_id in result.relayed:
+            published[message_id] = now
+        return result
+
+    relay.relay_once = timed  # type: ignore[method-assign]
+    stop = threading.Event()
+    thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
+    thread.start()
+    interval = 1.0 / rate
+    next_at = time.perf_counter()
+    for i in range(n):
+        with Session(engine) as session, session.begin():
+            result = outbox.delay(session, task, i)
+        committed[result.id] = time.perf_counter()
+        next_at += interval
+        time.sleep(max(0.0, next_at - time.perf_counter()))
+    deadline = time.monotonic() + 30
+    while len(published) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stop.set()
+    thread.join(5)
+    relay.relay_once = original  # type: ignore[method-assign]
+    return [(published[k] - committed[k]) * 1000 for k in committed if k in published]
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rate", type=float, default=400.0, help="tasks/s for the latency")
+    parser.add_argument("--batch-size", type=int, default=500)
+    args = parser.parse_args()
+
+    from tests.harness.postgres import PostgresServer
+
+    pg = PostgresServer().start()
+    try:
+        with rabbit_ports(2) as ports:
+            url = "beetle://guest:guest@" + ",".join(f"127.0.0.1:{p}" for p in ports) + "//"
+            run(url, pg.create_database("bench_outbox"), args)
+    finally:
+        pg.remove()
+
+
+def run(url: str, db_url: str, args: argparse.Namespace) -> None:
+    from celery_beetle.outbox.db import engine_for
+
+    engine = engine_for(db_url)
+    create_tables(engine)
+    ORDERS.metadata.create_all(engine)
+    app = make_app(url)
+    task = app.tasks["bench.charge"]
+    n = args.tasks
+    rows: dict[str, list[float]] = {k: [] for k in ("plain", "outbox", "direct", "relay")}
+    with Connection(url) as conn:
+        relay = Relay(engine, conn.channel(), batch_size=args.batch_size)
+        enqueue_rate(engine, task, 50, True)  # warm up
+        relay_rate(relay, engine, task, 50)
+        for _ in range(args.rounds):
+            rows["plain"].append(enqueue_rate(engine, task, n // 3, False))
+            rows["outbox"].append(enqueue_rate(engine, task, n // 3, True))
+            with engine.begin() as c:  # what the enqueue rounds left
+                c.execute(sa.delete(OUTBOX))
+            rows["direct"].append(direct_rate(app, task, n))
+            rows["relay"].append(relay_rate(relay, engine, task, n))
+        lat = latencies(relay, engine, task, n, args.rate)
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    enqueue_ratio = med["plain"] / med["outbox"]
+    relay_ratio = med["relay"] / med["direct"]
+    print(f"{'':<44}{'baseline':>12}{'outbox':>12}{'ratio':>8}")
+    print(f"{'enqueue txn/s (business row [+ outbox row])':<44}"
+          f"{med['plain']:>12.0f}{med['outbox']:>12.0f}{enqueue_ratio:>7.2f}x cost")  # fmt: skip
+    print(f"{'tasks/s to two brokers (apply_async | relay)':<44}"
+          f"{med['direct']:>12.0f}{med['relay']:>12.0f}{relay_ratio:>7.2f}x"
+          f"   target >= 3x: {'met' if relay_ratio >= 3 else 'NOT met'}")  # fmt: skip
+    print(f"commit-to-publish at {args.rate:.0f}/s: p50 {pct(lat, 0.5):.1f} ms, "
+          f"p99 {pct(lat, 0.99):.1f} ms ({len(lat)} of {n} tasks)")  # fmt: skip
+    print(json.dumps({"rounds": rows, "enqueue_cost_ratio": round(enqueue_ratio, 2),
+                      "relay_vs_direct": round(relay_ratio, 2),
+                      "latency_p50_ms": round(pct(lat, 0.5), 2),
+                      "latency_p99_ms": round(pct(lat, 0.99), 2)}))  # fmt: skip
+    engine.dispose()
+
+
+if __name__ == "__main__":
+    main()

@@ -44,11 +44,20 @@ Run = tuple[str, int, Any, Any, Any]
 class Msg:
     """What the verdict needs to know about one ``(queue, message_id)``."""
 
-    __slots__ = ("confirmed", "counts", "last_dead_lettered", "last_replayed", "runs", "seen")
+    __slots__ = (
+        "aside",
+        "confirmed",
+        "counts",
+        "last_dead_lettered",
+        "last_replayed",
+        "runs",
+        "seen",
+    )
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
         self.confirmed = False
+        self.aside = False  # the outbox relay set it aside with a reason
         self.seen = False  # a ``duplicate`` event said the store holds "completed"
         self.last_replayed: int | None = None
         self.last_dead_lettered: int | None = None
@@ -113,7 +122,7 @@ def verdict(m: Msg) -> str:
     done = c("completed", 0)
     replayed = c("replayed", 0) > 0
     completed = done == 1 or _unobserved(m)
-    if done and not c("published", 0) and not replayed:
+    if done and not c("published", 0) and not c("enqueued", 0) and not replayed:
         return "unexpected"
     if done > 1 or _overlap(m.runs):
         return "duplicated"
@@ -132,6 +141,10 @@ def verdict(m: Msg) -> str:
         return "expired"
     if c("failed", 0) > c("retried", 0):
         return "failed"
+    if m.aside and not c("published", 0):
+        return "set_aside"
+    if c("enqueued", 0) and not c("published", 0):
+        return "never_relayed"
     if m.confirmed:
         return "lost"
     return "unconfirmed" if c("published", 0) else "untracked"
@@ -165,6 +178,8 @@ def _read(paths: Iterable[str], msgs: dict[tuple[str, str], Msg]) -> int:
                     m.confirmed = True
                 elif ev == "duplicate" and detail.get("status") in DONE_STATUS:
                     m.seen = True
+                elif ev == "relayed" and detail.get("aside") is not None:
+                    m.aside = True
                 elif ev in ("started", "completed", "failed"):
                     m.runs.append((ev, ts, rec.get("attempt"), rec.get("worker"), rec.get("pid")))
                 elif ev == "replayed":

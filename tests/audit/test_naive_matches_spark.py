@@ -77,6 +77,13 @@ def test_naive_and_spark_agree_on_replays_and_unfinished_replays(spark, tmp_path
     trace.ev("duplicate", "u", 4, worker="w2", detail={"status": "c"})
     # two overlapping runs, one completion: duplicated
     trace.published("o", 1).run("o", 2, 6).run("o", 2.5, 7, outcome="failed", worker="w2")
+    # the outbox: committed and relayed; committed, never relayed; set aside; enqueued and run
+    # with its publish events lost (not unexpected)
+    trace.ev("enqueued", "ob1", 0.5, worker=None).published("ob1", 1).run("ob1", 2, 3)
+    trace.ev("enqueued", "ob2", 0.5, worker=None)
+    trace.ev("enqueued", "ob3", 0.5, worker=None)
+    trace.ev("relayed", "ob3", 0.6, worker=None, detail={"aside": "too old"})
+    trace.ev("enqueued", "ob4", 0.5, worker=None).run("ob4", 2, 3)
     trace.raw('{"ts_ms": 1.5, "event": "started"}').raw("")
     trace.write(tmp_path / "trace")
     counts, samples = _spark_verdict(spark, tmp_path / "trace", tmp_path / "out")
@@ -85,3 +92,4 @@ def test_naive_and_spark_agree_on_replays_and_unfinished_replays(spark, tmp_path
     assert result.ids == samples
     assert (counts["replayed"], counts["lost"], counts["duplicated"]) == (1, 1, 1)
     assert counts["completed_unobserved"] == 1
+    assert (counts["never_relayed"], counts["set_aside"]) == (1, 1)

@@ -274,6 +274,13 @@ class Run:
                 return
             # it waited too long in the pool: claim again, under the gate's owner, so a
             # lease that is still ours is renewed rather than counted as a second attempt
+            logger.warning(
+                "beetle: %s waited too long in the pool to start on the gate's lease (it "
+                "ends in %d ms); claiming again. A lower prefetch keeps deliveries from "
+                "waiting behind long runs",
+                self._name(),
+                given.deadline_ms - wall_clock_ms(),
+            )
         claim = self._send_claim()
         outcome = claim.outcome
         if outcome is Claim.ACQUIRED:

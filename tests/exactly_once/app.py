@@ -102,6 +102,12 @@ def make_app(
         note("done", item)
         return item
 
+    @app.task(base=BeetleTask, name="eo.unencodable", shared=False, **options)
+    def unencodable(item: int) -> set[int]:
+        note("start", item)
+        note("done", item)
+        return {item}  # JSON cannot encode a set: the result backend's store fails
+
     if newer:
 
         @app.task(base=BeetleTask, name="eo.newer", shared=False, **options)

@@ -1,0 +1,67 @@
+"""Runs on the gate's claim (the pool makes no round trip), on real brokers and Redis.
+
+The gate claims a delivery in its batch and stores the completion before the ack. These are
+the two places where that could go wrong, each run with the prefork pool:
+
+- a delivery that waited in the pool longer than its lease's margin must not start on that
+  lease (its time limit would end after the lease): the pool claims again, under the gate's
+  owner, and the run is still the message's first attempt;
+- a body that succeeded, and then Celery failed the run (a result the backend cannot
+  encode): the main process sees a failure and acks without a completion, so the pool
+  stores the completion itself; the message must not run again when the lease runs out.
+"""
+
+from __future__ import annotations
+
+import time
+
+from celery_beetle.state import Status
+from celery_beetle.store import RedisStore
+from tests.exactly_once.conftest import counts
+from tests.harness.waiting import wait_until
+
+
+def _drained(brokers, queue: str = "celery") -> bool:
+    return all(
+        node.queue_depths(brokers.vhost).get(queue, (1, 1)) == (0, 0) for node in brokers.nodes
+    )
+
+
+def _record(redis_url: str, task_id: str):
+    return RedisStore.from_url(redis_url).peek("celery", task_id)
+
+
+def test_a_delivery_that_waited_past_its_lease_margin_is_claimed_again_and_runs_once(
+    brokers, redis_url, client, eo_worker
+):
+    options = {"timeout": 4}  # a 3.5 s time limit: a run may wait 0.5 s before it starts
+    app = client(task_options=options)
+    worker = eo_worker(task_options=options, pool="prefork", concurrency=1)
+    record = app.tasks["eo.record"]
+    first = record.delay(0, 1.0)
+    later = [record.delay(item) for item in (1, 2, 3)]  # wait in the pool behind it
+    assert wait_until(lambda: set(counts([worker])) == {0, 1, 2, 3}, timeout=30), worker.log_text()[
+        -3000:
+    ]
+    assert wait_until(lambda: _drained(brokers), timeout=15)
+    assert "claiming again" in worker.log_text()
+    time.sleep(4.5)  # past every lease: nothing runs again
+    assert counts([worker], "start") == {0: 1, 1: 1, 2: 1, 3: 1}
+    for result in (first, *later):
+        state = _record(redis_url, result.id)
+        assert state.status is Status.COMPLETED and state.attempts == 1, state
+
+
+def test_a_run_celery_fails_after_its_body_succeeded_is_completed_and_never_runs_again(
+    brokers, redis_url, client, eo_worker
+):
+    options = {"timeout": 2}
+    app = client(task_options=options, backend=redis_url)
+    worker = eo_worker(task_options=options, pool="prefork", concurrency=1, backend=redis_url)
+    result = app.tasks["eo.unencodable"].delay(7)
+    assert wait_until(lambda: counts([worker])[7] == 1, timeout=20)
+    assert wait_until(lambda: _drained(brokers), timeout=15)
+    assert _record(redis_url, result.id).status is Status.COMPLETED
+    assert "Celery failed the run" in worker.log_text()
+    time.sleep(2.5)  # past the lease
+    assert counts([worker], "start") == {7: 1}

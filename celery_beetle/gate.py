@@ -1,14 +1,21 @@
 """The gate: what the worker's main process does with a BeetleTask delivery before the pool.
 
 Every copy of every redundant message reaches the worker; only one may run. The gate looks at
-each delivery with at most one Redis read, and either lets it through to Celery's strategy
-(and so to the pool), or keeps it from ever taking a pool slot:
+each delivery with at most one Redis call, and either lets it through to Celery's strategy
+(and so to the pool), or keeps it from ever taking a pool slot. On Celery's event loop that
+call is the **claim** itself, pipelined with the other calls of the loop pass: a delivery
+that may run goes to the pool holding its lease (:class:`~celery_beetle.facts.GateClaim`),
+the pool makes no round trip, and when the run succeeded the gate stores the completion
+(pipelined again) before it acks (:meth:`DeliveryGate.complete_before_ack`). A redundant
+pair then costs two calls, each sharing a round trip with others. Where the gate cannot
+claim (no event loop, a Redis Cluster, replicas to wait for, a task with an ETA) the call is a
+read and the pool claims and completes, as :mod:`celery_beetle.run` describes.
 
 =================  =====================================================================
 what it finds      what it does
 =================  =====================================================================
-nothing, a lease   **run**: hand the delivery to the task's strategy; the pool claims it
-that ran out, or
+nothing, a lease   **run**: hand the delivery to the task's strategy with the gate's lease
+that ran out, or   (or, after a read, for the pool to claim)
 a retry now due
 completed, failed  **duplicate**: ack and drop. A message seen completed (read, or run here:
                    :class:`~celery_beetle.task.BeetleRequest` marks a successful run)
@@ -18,11 +25,11 @@ lease) or delayed  (as Celery does for ETA tasks) and look again on a timer when
 (retry later)      ends or the retry is due. The copy is acked only once the message is
                    done, so it survives the death of the broker that holds the other copy
 its twin running   **wait**: the other copy went to the pool from *this* worker and has not
-here               been acked yet; no Redis read. When that run completes, the waiting copy
+here               been acked yet; no Redis call. When that run completes, the waiting copy
                    is dropped at once; after any other ending (retry, failure, a lease
                    taken over) it goes through the gate again. This is what makes a
-                   redundant pair cost 3 round trips (read, claim, complete) and no pool
-                   slot for the second copy, though both copies arrive almost together
+                   redundant pair cost 2 calls (claim, complete) and no pool slot for the
+                   second copy, though both copies arrive almost together
 expired            **expired**: ack and drop, without asking Redis
 Redis unavailable  **park**: keep the delivery unacked and unprocessed, and stop asking
 (unreachable, or   Redis: every later delivery is parked too. Parked deliveries do not
@@ -46,10 +53,10 @@ Deferred copies are bounded (``max_deferred`` copies, ``max_deferred_bytes`` of 
 either bound a deferred copy no longer widens the prefetch window, so the brokers stop
 sending this worker new messages until deferred copies resolve.
 
-On Celery's event loop the read does not block the worker: the reads of one loop pass go to
+On Celery's event loop the call does not block the worker: the calls of one loop pass go to
 Redis as one batch and each delivery goes on from its reply (:mod:`celery_beetle.gate_reads`);
-a copy whose twin is being read waits for that read. Without a loop, or with a Redis Cluster,
-the gate reads synchronously through the store.
+a copy whose twin is being claimed waits for that claim. Without a loop, or with a Redis
+Cluster, the gate reads synchronously through the store.
 
 Nothing here imports Celery: the consumer bootstep (:mod:`celery_beetle.bootstep`) gives the
 gate a timer, the prefetch QoS, a dead-letter publisher and the task strategy to start; unit

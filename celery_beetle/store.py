@@ -20,9 +20,10 @@ replica a Sentinel promotes, and a message whose claim or completion is lost can
 same pipeline, still one round trip, and counts a write fewer than ``n`` replicas acknowledged
 as not stored (:class:`ReplicaAckTimeout`).
 
-A redundant pair that runs once costs 4 round trips (gate read, claim, complete, gate read of
-the second copy, which is dropped); beetle needs 8-9. ``round_trips`` counts them for
-``benchmarks/bench_store.py``.
+A redundant pair that runs once costs 2 calls when the gate claims (claim, complete: see
+:mod:`celery_beetle.gate`; the second copy waits for its twin and is dropped without one),
+each pipelined with other deliveries' calls; 3 when the pool claims (gate read, claim,
+complete); beetle needs 8-9. ``round_trips`` counts them for ``benchmarks/bench_store.py``.
 
 :meth:`RedisStore.from_url` takes the URL forms of :mod:`celery_beetle.settings`: Redis,
 Sentinel or Cluster, with or without TLS.

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from celery_beetle.state import MessageFacts
@@ -82,7 +82,16 @@ class GateClaim:
     exceptions: int = 0
 
     def mark(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v}
+        """The fields that are set, for the delivery's headers (the pool reads them back)."""
+        fields = (
+            ("owner", self.owner),
+            ("token", self.token),
+            ("attempt", self.attempt),
+            ("deadline_ms", self.deadline_ms),
+            ("dead_letter", self.dead_letter),
+            ("exceptions", self.exceptions),
+        )
+        return {name: value for name, value in fields if value}
 
     @classmethod
     def from_mark(cls, value: Any) -> GateClaim | None:

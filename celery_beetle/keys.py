@@ -43,7 +43,14 @@ from __future__ import annotations
 
 import hashlib
 
-__all__ = ["MAX_PLAIN_ID_CHARS", "decode_key", "legacy_key", "record_key", "replay_mark_key"]
+__all__ = [
+    "MAX_PLAIN_ID_CHARS",
+    "decode_key",
+    "legacy_key",
+    "record_key",
+    "record_keys",
+    "replay_mark_key",
+]
 
 #: Ids longer than this are named by their SHA-256 in the key (form C).
 MAX_PLAIN_ID_CHARS = 200
@@ -58,6 +65,15 @@ def record_key(prefix: str, scope: str, message_id: str) -> str:
     if _RESERVED.isdisjoint(scope) and _RESERVED.isdisjoint(message_id):
         return f"{prefix}{{{scope}:{message_id}}}"
     return f"{prefix}{{{scope}:{message_id}}}#{len(scope)}"
+
+
+def record_keys(prefix: str, scope: str, message_id: str) -> tuple[str, str | None]:
+    """``(record_key, legacy_key)`` in one pass: the common form A costs one format."""
+    if len(message_id) <= MAX_PLAIN_ID_CHARS and (
+        _RESERVED.isdisjoint(scope) and _RESERVED.isdisjoint(message_id)
+    ):
+        return f"{prefix}{{{scope}:{message_id}}}", None
+    return record_key(prefix, scope, message_id), f"{prefix}{{{scope}:{message_id}}}"
 
 
 def replay_mark_key(prefix: str, scope: str, message_id: str) -> str:

@@ -44,7 +44,7 @@ import redis
 from redis.cluster import ClusterNode, RedisCluster
 from redis.sentinel import Sentinel
 
-from celery_beetle.keys import legacy_key, record_key, replay_mark_key
+from celery_beetle.keys import legacy_key, record_key, record_keys, replay_mark_key
 from celery_beetle.outcome import (
     DEAD_LETTER_LEASE_MS,
     REPLAY_PUBLISHED,
@@ -333,8 +333,8 @@ class RedisStore(Store):
     def record_keys(self, scope: str, message_id: str) -> list[str]:
         """The record's key, and its old key where one is read (:mod:`celery_beetle.keys`):
         on Redis Cluster only if both hash to one slot, as one script must touch them."""
-        keys = [self.key(scope, message_id)]
-        old = self.legacy_key(scope, message_id)
+        key, old = record_keys(self.key_prefix, scope, message_id)
+        keys = [key]
         if old is not None and (
             not isinstance(self.client, RedisCluster)
             or self.client.keyslot(old) == self.client.keyslot(keys[0])

@@ -264,3 +264,16 @@ def test_the_harness_store_claims_under_the_scope(h):
     facts = MessageFacts("jobs.v2", "m9", h.facts().expires_at_ms, scope="jobs")
     assert h.store.claim(facts, LIMITS, "w").acquired
     assert h.store.peek("jobs", "m9") is not None
+
+
+def test_record_keys_gives_the_key_and_the_old_key_as_the_two_functions_do():
+    import random
+
+    from celery_beetle.keys import legacy_key, record_key, record_keys
+
+    rng = random.Random(7)
+    for _ in range(5_000):
+        scope = "".join(rng.choice("ab:{}x") for _ in range(rng.randint(1, 6)))
+        message_id = "".join(rng.choice("ab:{}x") for _ in range(rng.choice([1, 5, 201, 250])))
+        expected = (record_key("p:", scope, message_id), legacy_key("p:", scope, message_id))
+        assert record_keys("p:", scope, message_id) == expected

@@ -66,6 +66,7 @@ from celery_beetle import BeetleTask  # noqa: E402
 app = Celery("bench_eo", broker=os.environ.get("BENCH_BROKER", "memory://"), set_as_current=False)
 app.conf.beetle_redis_url = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/15")
 app.conf.worker_hijack_root_logger = False
+app.conf.worker_prefetch_multiplier = int(os.environ.get("BENCH_PREFETCH", "4"))
 app.conf.broker_connection_retry_on_startup = True
 app.conf.beetle_trace_dir = os.environ.get("BENCH_TRACE") or None
 celery_beetle.install(app)

@@ -117,6 +117,7 @@ class BeetleGateStep(bootsteps.StartStopStep):
             settings.redis_url,
             key_prefix=settings.key_prefix,
             ttl_margin_ms=settings.key_ttl_margin_ms,
+            wait_replicas=settings.redis_wait_replicas,  # the gate writes too (claims, releases)
             socket_timeout=GATE_SOCKET_TIMEOUT_S,
             socket_connect_timeout=GATE_SOCKET_TIMEOUT_S,
         )
@@ -128,8 +129,8 @@ class BeetleGateStep(bootsteps.StartStopStep):
             return c.timer.call_after(max(seconds, 0.0), fn)
 
         reads = pipelined_reads_for(self.store, getattr(c, "hub", None), GATE_SOCKET_TIMEOUT_S)
-        if self.store.wait_replicas:  # a batch cannot WAIT for replicas: the pool claims
-            reads = None
+        # a batch does not WAIT for replicas: with wait_replicas the gate reads, the pool claims
+        claims = reads is not None and not self.store.wait_replicas
         return DeliveryGate(
             store=self.store,
             call_later=call_later,
@@ -144,7 +145,7 @@ class BeetleGateStep(bootsteps.StartStopStep):
             message_ttl_ms=settings.message_ttl_ms,
             worker=getattr(c, "hostname", None),
             reads=reads,
-            claims_for=self._claims_for(c) if reads is not None else _no_claims,
+            claims_for=self._claims_for(c) if claims else _no_claims,
             max_deferred=settings.max_deferred,
             max_deferred_bytes=settings.max_deferred_bytes,
             unknown_task_grace_ms=round(settings.unknown_task_grace_s * 1000),

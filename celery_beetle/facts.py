@@ -63,8 +63,11 @@ HANDBACK_MARK = "handback"
 #: :class:`GateClaim`): the pool runs on that claim instead of claiming again, and the gate
 #: stores the completion before it acks.
 CLAIM_MARK = "claim"
-#: Set there by the request on success: the body's runtime, for the ``completed`` event.
+#: Set there by the request on success: the body's runtime and the pool process that ran it,
+#: for the ``completed`` event the gate writes (the audit pairs it with that process's
+#: ``started``).
 RUNTIME_MARK = "runtime_ms"
+PID_MARK = "pid"
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,7 @@ from celery_beetle.facts import (
     CLAIM_MARK,
     COMPLETED_MARK,
     FACTS_HEADER,
+    PID_MARK,
     RUNTIME_MARK,
     GateClaim,
     InvalidHeader,
@@ -507,7 +508,8 @@ class DeliveryGate(BadInputHandling):
                 self.stats["completed"] += 1
                 runtime = header.get(RUNTIME_MARK)
                 detail = {"runtime_ms": runtime} if runtime is not None else None
-                self._trace_run("completed", facts, message, claim.attempt, detail)
+                pid = header.get(PID_MARK)
+                self._trace_run("completed", facts, message, claim.attempt, detail, pid)
             elif fence.status is not Status.COMPLETED:
                 header[COMPLETED_MARK] = False  # its twin goes through the gate again
                 logger.warning(
@@ -658,6 +660,7 @@ class DeliveryGate(BadInputHandling):
         message: Any,
         attempt: int,
         detail: dict[str, Any] | None,
+        pid: int | None = None,
     ) -> None:
         if not getattr(self.tracer, "enabled", False):
             return
@@ -670,6 +673,7 @@ class DeliveryGate(BadInputHandling):
             task_id=(message.headers or {}).get("id"),
             broker=info.get("beetle_broker"),
             worker=self.worker,
+            pid=pid,
             attempt=attempt or None,
             detail=detail,
         )

@@ -54,7 +54,13 @@ from typing import Any
 from celery import Task
 from celery.worker.request import Request
 
-from celery_beetle.facts import COMPLETED_MARK, FACTS_HEADER, HANDBACK_MARK, RUNTIME_MARK
+from celery_beetle.facts import (
+    COMPLETED_MARK,
+    FACTS_HEADER,
+    HANDBACK_MARK,
+    PID_MARK,
+    RUNTIME_MARK,
+)
 from celery_beetle.run import AttemptsExhausted, DeadLettered, HandBack, Run
 from celery_beetle.settings import DEPRECATED_OPTIONS, TASK_OPTIONS, BeetleSettings, take_deprecated
 from kombu_beetle.envelope import FLAG_REDUNDANT, FLAGS_HEADER
@@ -225,6 +231,8 @@ class BeetleRequest(Request):
                 facts[COMPLETED_MARK] = True
                 if self.time_start:  # when the pool accepted it (wall clock)
                     facts[RUNTIME_MARK] = round((time.time() - self.time_start) * 1000)
+                if self.worker_pid:  # the run's process, named by the ``completed`` event
+                    facts[PID_MARK] = self.worker_pid
         super().acknowledge()
 
 

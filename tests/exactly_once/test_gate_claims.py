@@ -13,6 +13,7 @@ the two places where that could go wrong, each run with the prefork pool:
 
 from __future__ import annotations
 
+import json
 import time
 
 from celery_beetle.state import Status
@@ -65,3 +66,25 @@ def test_a_run_celery_fails_after_its_body_succeeded_is_completed_and_never_runs
     assert "Celery failed the run" in worker.log_text()
     time.sleep(2.5)  # past the lease
     assert counts([worker], "start") == {7: 1}
+
+
+def test_the_gates_completed_event_names_the_pool_process_that_started_the_run(
+    brokers, redis_url, client, eo_worker, tmp_path
+):
+    traces = tmp_path / "trace"
+    app = client()
+    worker = eo_worker(pool="prefork", concurrency=2, trace_dir=str(traces))
+    ids = {app.tasks["eo.record"].delay(item).id for item in range(6)}
+    assert wait_until(lambda: len(counts([worker])) == 6, timeout=20)
+    assert wait_until(lambda: _drained(brokers), timeout=15)
+    worker.stop()  # flushes every process's trace
+
+    runs: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    for path in traces.rglob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            event = json.loads(line)
+            if event["event"] in ("started", "completed") and event["message_id"] in ids:
+                key = (event["message_id"], event["event"])
+                runs.setdefault(key, []).append((event["pid"], event["attempt"]))
+    for message_id in ids:
+        assert runs[(message_id, "started")] == runs[(message_id, "completed")], message_id

@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from celery_beetle.audit import job, transforms
 
-    spark = job.build_session(driver_memory=a.driver_memory)
+    input_bytes = job.local_input_bytes(a.trace_path)
+    spark = job.build_session(driver_memory=a.driver_memory, input_bytes=input_bytes)
     session_s = time.perf_counter() - t0
     raw = spark.read.schema(transforms.READ_SCHEMA).options(**transforms.read_options())
     row = raw.json(a.trace_path).agg(F.count("message_id").alias("n"), F.max("ts_ms")).first()

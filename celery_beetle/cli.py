@@ -122,7 +122,11 @@ def audit(
     show = not quiet and sys.stderr.isatty()
     try:
         with _progress(show) as display, ExitStack() as stack:
-            spark = job.build_session(master, driver_memory=driver_memory)
+            spark = job.build_session(
+                master,
+                driver_memory=driver_memory,
+                input_bytes=job.local_input_bytes(list(trace_path)),
+            )
             if display is not None:
                 from celery_beetle.audit.progress import StageWatcher
 

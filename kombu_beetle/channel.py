@@ -201,13 +201,35 @@ class BeetleChannel(base.StdChannel):
                 "queue_declare", queue=queue, passive=True, all_must_succeed=False, **kwargs
             )
         else:
-            results = self._declare("queue_declare", queue=queue, **kwargs)
+            try:
+                results = self._declare("queue_declare", queue=queue, **kwargs)
+            except amqp.PreconditionFailed as exc:
+                if not inequivalent_arguments(exc):
+                    raise
+                results = self._use_existing_queue(queue, kwargs, exc)
         found = [r for r in results if r is not None]
         if not found:
             return None  # nowait
         return amqp.protocol.queue_declare_ok_t(
             queue, sum(r.message_count for r in found), sum(r.consumer_count for r in found)
         )
+
+    def _use_existing_queue(self, queue: str, kwargs: dict[str, Any], exc: BaseException) -> Any:
+        """A broker holds ``queue`` with other arguments than ours: use it as it is.
+
+        That is a live migration (``beetle queues migrate``) half done, or done while this
+        worker's config still names the old arguments: in a blue-green deploy, old and new
+        workers declare one queue with different arguments, and each must go on consuming
+        it on every broker rather than stop on the first that was migrated."""
+        logger.warning(
+            "beetle: queue %r exists on a broker with other arguments than %r (%s); "
+            "consuming it as it is (a queue migration, or a config to update)",
+            queue,
+            kwargs.get("arguments"),
+            getattr(exc, "reply_text", exc),
+        )
+        self.connection.declarations.record("queue_declare", {"queue": queue, **kwargs})
+        return self._fanout("queue_declare", queue=queue, passive=True, all_must_succeed=False)
 
     def queue_bind(
         self, queue: str = "", exchange: str = "", routing_key: str = "", **kwargs: Any
@@ -395,6 +417,13 @@ class BeetleChannel(base.StdChannel):
 
     def after_reply_message_received(self, queue: str) -> None:
         pass
+
+
+def inequivalent_arguments(exc: BaseException) -> bool:
+    """Was ``exc`` a declaration refused because the queue exists with other arguments?"""
+    return isinstance(exc, amqp.PreconditionFailed) and "inequivalent arg" in str(
+        getattr(exc, "reply_text", "") or exc
+    )
 
 
 def _tag_errors(callback: Any) -> Any:

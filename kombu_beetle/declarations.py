@@ -98,8 +98,10 @@ class DeclarationLog:
                 try:
                     getattr(channel, decl.method)(**decl.args)
                 except amqp.ChannelError as exc:
-                    # one bad entity must not keep the broker out of the set
-                    logger.error("beetle: cannot re-declare %s on %s: %r", decl, link.name, exc)
+                    # one bad entity must not keep the broker out of the set; a queue that
+                    # exists with other arguments (migrated) is consumed as it is
+                    log = logger.warning if "inequivalent arg" in str(exc) else logger.error
+                    log("beetle: cannot re-declare %s on %s: %r", decl, link.name, exc)
                     channel = conn.channel()
         finally:
             if channel.is_open:

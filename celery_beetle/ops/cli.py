@@ -368,3 +368,104 @@ def _print_plans(plans: list[Any]) -> bool:
         for item in p.drift:
             click.echo(f"warning: {item.describe()}")
     return drift
+
+
+@queues.command("migrate")
+@click.argument("queue", required=False)
+@click.option(
+    "--queue-type",
+    type=click.Choice(["classic", "quorum"]),
+    default=None,
+    help="The queue type to migrate to.",
+)
+@click.option(
+    "--arg",
+    "args",
+    multiple=True,
+    metavar="x-NAME=VALUE",
+    help="An x-argument to set (x-NAME= removes it); repeatable.",
+)
+@click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
+@click.option("--status", "show_status", is_flag=True, help="Where the migration of QUEUE stands.")
+@click.option("--resume", is_flag=True, help="Go on with a migration that stopped.")
+@click.option(
+    "--no-workers",
+    is_flag=True,
+    help="Do not ask the workers (Celery remote control) to consume the temporary queue.",
+)
+@click.option("--management-port", default=15672, show_default=True, help="On every broker.")
+@click.option("--management-tls", is_flag=True, help="https to the management API.")
+@click.option(
+    "--management-url",
+    "management_urls",
+    multiple=True,
+    metavar="HOST:PORT=URL",
+    help="The API of one broker, e.g. rabbit1:5672=https://rabbit1:15671 (repeatable).",
+)
+@click.option(
+    "--settle-s",
+    default=5.5,
+    hidden=True,
+    help="How long the API must show a temporary queue unused (its statistics interval).",
+)
+@broker_option
+@redis_option
+@prefix_option
+def migrate_command(
+    queue: str | None, queue_type: str | None, args: tuple[str, ...], dry_run: bool,
+    show_status: bool, resume: bool, no_workers: bool, management_port: int,
+    management_tls: bool, management_urls: tuple[str, ...], settle_s: float, broker_url: str,
+    redis_url: str, key_prefix: str,
+) -> None:  # fmt: skip
+    """Change what no policy can (queue type, x-max-priority, any x-argument) of QUEUE on
+    every broker, live: through QUEUE.beetle-migrating, one broker at a time, the state
+    kept in the dedup store (--status, --resume). See celery_beetle.ops.migrate."""
+    from celery_beetle.ops.migrate import (
+        CeleryControl,
+        MigrationError,
+        Migrator,
+        StateStore,
+        parse_arguments,
+    )
+    from celery_beetle.store import connect
+    from kombu_beetle.options import build_options
+
+    if not queue:
+        raise click.UsageError("name the QUEUE to migrate")
+    options = _fail_on_bad_url(lambda: build_options(broker_url))
+    store = StateStore(connect(redis_url), key_prefix)
+    saved = store.load(options.virtual_host, queue)
+    if show_status:
+        click.echo(saved.describe() if saved else f"no migration of {queue!r} on record")
+        sys.exit(0 if saved is None or saved.done else 3)
+    if saved is not None and not saved.done and not resume:
+        click.echo(saved.describe(), err=True)
+        raise click.UsageError(f"a migration of {queue!r} is under way: --resume it")
+    try:
+        changes = parse_arguments(args)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--arg")
+    clients = _clients(broker_url, management_port, management_tls, management_urls)
+    control = None if (no_workers or dry_run) else CeleryControl(broker_url)
+    migrator = Migrator(options, clients, store, control, echo=click.echo, settle_s=settle_s)
+    try:
+        if resume:
+            if saved is None or saved.done:
+                raise click.UsageError(f"no migration of {queue!r} to resume")
+            state = saved
+        else:
+            if not (queue_type or changes):
+                raise click.UsageError("say what to change: --queue-type and/or --arg")
+            state = migrator.plan(queue, queue_type, changes)
+            click.echo(migrator.describe_plan(state))
+            if dry_run:
+                click.echo("dry run: nothing changed")
+                return
+            store.save(state)
+        migrator.run(state)
+    except MigrationError as exc:
+        raise click.ClickException(str(exc))
+    finally:
+        if control is not None:
+            control.close()
+    click.echo(state.describe())

@@ -419,8 +419,14 @@ class Migrator:
     def _wait_unused(self, state: MigrationState, broker: str, session: BrokerSession) -> None:
         deadline = time.monotonic() + self.release_timeout_s
         zero_since: float | None = None
+        asked_at = time.monotonic()
         while True:
             consumers = session.consumers(state.temp)
+            if consumers and self.control is not None and time.monotonic() - asked_at > 2.0:
+                # a broadcast reaches a worker through one broker: one whose link to it was
+                # reconnecting (its queue was just deleted under it) missed it; ask again
+                self.control.cancel_consumer(state.temp)
+                asked_at = time.monotonic()
             unacked = None
             if consumers == 0:
                 info = self.clients[broker].queue(state.temp) or {}

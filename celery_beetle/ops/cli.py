@@ -16,7 +16,9 @@ from typing import Any
 
 import click
 
-__all__ = ["dead_letters", "queues"]
+__all__ = ["dead_letters", "fleet", "queues"]
+
+EXIT_FLAGGED = 2
 
 EXIT_DRIFT = 2
 
@@ -469,3 +471,52 @@ def migrate_command(
         if control is not None:
             control.close()
     click.echo(state.describe())
+
+
+@click.command("fleet")
+@click.option("--queue", "-Q", "names", multiple=True, help="Only this queue (repeatable).")
+@click.option(
+    "--min-version",
+    default=None,
+    help="Flag beetle consumers older than this (default: this beetle's version).",
+)
+@click.option("--management-port", default=15672, show_default=True, help="On every broker.")
+@click.option("--management-tls", is_flag=True, help="https to the management API.")
+@click.option(
+    "--management-url",
+    "management_urls",
+    multiple=True,
+    metavar="HOST:PORT=URL",
+    help="The API of one broker, e.g. rabbit1:5672=https://rabbit1:15671 (repeatable).",
+)
+@broker_option
+@json_option
+def fleet(
+    names: tuple[str, ...], min_version: str | None, management_port: int,
+    management_tls: bool, management_urls: tuple[str, ...], broker_url: str, as_json: bool,
+) -> None:  # fmt: skip
+    """Every consumer of every task queue on every broker: beetle, older beetle or plain.
+
+    Exits 2 while a plain (non-beetle) or older consumer remains, 1 when a broker could not
+    be read, so that a deploy pipeline can wait before it switches publishers to beetle://
+    (a plain worker would run both copies of a redundant message)."""
+    from dataclasses import asdict
+
+    from celery_beetle.ops.fleet import survey
+
+    clients = _clients(broker_url, management_port, management_tls, management_urls)
+    report = survey(clients, names, min_version)
+    if as_json:
+        click.echo(json.dumps([asdict(c) for c in report.consumers], indent=2))
+    else:
+        click.echo(f"{'kind':<6}  broker  queue  client  peer")
+        for consumer in report.consumers:
+            click.echo(consumer.describe())
+        flagged = report.flagged
+        click.echo(
+            f"{len(report.consumers)} consumer(s), {len(flagged)} flagged "
+            f"(plain: {sum(c.kind == 'plain' for c in flagged)}, "
+            f"older than {report.minimum}: {sum(c.kind == 'older' for c in flagged)})"
+        )
+    _report_errors(report.errors)
+    sys.exit(1 if report.errors else EXIT_FLAGGED if report.flagged else 0)

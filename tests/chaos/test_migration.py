@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.conftest import judge
+from tests.chaos.conftest import RESULTS, judge
 from tests.harness.waiting import wait_until
 
 QUEUE = "celery"
@@ -109,3 +109,60 @@ def test_soak_migration_back_and_forth_under_load(
         assert proc.wait(timeout=300) == 0, log.read_text()
     assert run.wait_all_done(timeout=300) == set()
     judge(run, spark)
+
+
+def _dead_copies(brokers) -> int:
+    return sum(n.queue_depths(brokers.vhost).get(f"{QUEUE}.dead", (0, 0))[0] for n in brokers.nodes)
+
+
+def test_retries_pending_and_dead_letters_present_when_the_migration_starts(
+    chaos, brokers, redis_url, spark, messages, tmp_path
+):
+    """Dead letters (``eo.fixable``, broken) sit in ``celery.dead`` and retries
+    (``eo.flaky``, 2 s, 4 s, 4 s apart) in ``celery.delay.*`` when the migration starts: the
+    retries come back to the migrated queue by name and end as dead letters, and a replay
+    afterwards lands in the migrated queue and runs each fixed message once."""
+    run = chaos(
+        "migrate with retries and dead letters",
+        task_options={"retry_delay": 2, "max_delay": 4, "exceptions": 3, "attempts": 6},
+    )
+    broken = tmp_path / "broken"
+    broken.touch()
+    for _ in range(2):
+        run.start_worker(extra_env={"BEETLE_TEST_BROKEN": str(broken)})
+    publisher = run.start_publisher(messages, interval_s=_pace(messages))
+    count = 10
+    app = publisher.app
+    fixable = [app.tasks["eo.fixable"].delay(10_000 + i).id for i in range(count)]
+    assert wait_until(lambda: _dead_copies(brokers) == 2 * count, timeout=30)
+    flaky = [app.tasks["eo.flaky"].delay(20_000 + i).id for i in range(count)]
+    run.fault()
+    log = tmp_path / "migrate.log"
+    proc = migrate(brokers, redis_url, "--queue-type", "quorum", log=log)
+    assert proc.wait(timeout=120) == 0, log.read_text()
+    assert queue_types(brokers) == ["quorum"] * 3
+    # every flaky message gave up after its retries: a dead letter on two brokers each
+    assert wait_until(lambda: _dead_copies(brokers) == 4 * count, timeout=60), _dead_copies(brokers)
+    broken.unlink()
+    replay = subprocess.run(
+        [sys.executable, "-c", "from celery_beetle.cli import main; main()",
+         "dead", "replay", QUEUE, "--task", "eo.fixable", "--broker", brokers.beetle_url,
+         "--redis", redis_url, "--trace-dir", str(run.trace_dir)],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+    )  # fmt: skip
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert wait_until(lambda: _dead_copies(brokers) == 2 * count, timeout=30)
+    assert run.wait_all_done() == set()
+    assert wait_until(
+        lambda: {i for i, _ in run.done_lines()} >= {10_000 + i for i in range(count)}, 30
+    )
+    run.stop()
+    result = run.audit(spark)
+    RESULTS.append(result)
+    s = result.summary
+    assert (s["lost"], s["duplicated"], s["unexpected"]) == (0, 0, 0), s["samples"]
+    assert s["replayed"] == count, s
+    assert s["dead_lettered"] == count, s
+    assert s["completed_once"] == len(run.publisher.confirmed), s
+    assert len(fixable) == len(flaky) == count

@@ -10,6 +10,7 @@ them, so acks and rejects go back there.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
@@ -31,6 +32,11 @@ logger = logging.getLogger(__name__)
 
 CHANNEL_ERRORS = amqp.Connection.channel_errors
 BROKER_HEADER = "beetle_broker"
+#: a consumer its broker cancelled (its queue was deleted: ``beetle queues migrate``
+#: re-creates it at once) is consumed again once the queue exists, looked for this often
+RECONSUME_INTERVAL_S = 0.3
+#: a queue still missing after this long is declared again, as a reconnect would
+REDECLARE_AFTER_S = 5.0
 
 
 @dataclass
@@ -55,6 +61,8 @@ class BeetleChannel(base.StdChannel):
         self.is_open = True
         self._subs: dict[BrokerLink, tuple[int, BrokerChannel]] = {}
         self._consumers: dict[str, ConsumerSpec] = {}
+        #: (broker, consumer tag) -> when the broker cancelled it (and when last looked at)
+        self._cancelled: dict[tuple[BrokerLink, str], tuple[float, float]] = {}
         self._qos: tuple[int, int, bool] | None = None
         for link in connection.brokers.live():
             try:
@@ -294,8 +302,7 @@ class BeetleChannel(base.StdChannel):
             raise errors[0]
         return tag
 
-    @staticmethod
-    def _consume_on(sub: BrokerChannel, tag: str, spec: ConsumerSpec) -> None:
+    def _consume_on(self, sub: BrokerChannel, tag: str, spec: ConsumerSpec) -> None:
         sub.basic_consume(
             queue=spec.queue,
             consumer_tag=tag,
@@ -303,8 +310,62 @@ class BeetleChannel(base.StdChannel):
             exclusive=spec.exclusive,
             callback=spec.callback,
             arguments=spec.arguments,
-            on_cancel=spec.on_cancel,
+            on_cancel=self._on_server_cancel(sub.beetle_link, spec),
         )
+
+    def _on_server_cancel(self, link: BrokerLink | None, spec: ConsumerSpec) -> Any:
+        """What py-amqp calls when the broker cancels a consumer (its queue was deleted).
+
+        Without it py-amqp raises ``ConsumerCancelled`` and the whole broker link would be
+        dropped and reconnected, every delivery of every queue on it redone. Instead the
+        consumer alone is consumed again once its queue exists (:meth:`reconsume_due`)."""
+
+        def on_cancel(consumer_tag: str) -> None:
+            logger.warning(
+                "beetle: %s cancelled the consumer of queue %r (deleted or migrated); "
+                "consuming it again once it exists",
+                link.name if link is not None else "a broker",
+                spec.queue,
+            )
+            if link is not None:
+                now = time.monotonic()
+                self._cancelled[(link, consumer_tag)] = (now, now)
+            if spec.on_cancel is not None:
+                spec.on_cancel(consumer_tag)
+
+        return on_cancel
+
+    def reconsume_due(self) -> None:
+        """Consume again what a broker cancelled, once its queue is back (the connection's
+        maintenance timer calls this; cheap when nothing was cancelled)."""
+        if not self._cancelled:
+            return
+        now = time.monotonic()
+        for key, (since, looked) in list(self._cancelled.items()):
+            link, tag = key
+            spec = self._consumers.get(tag)
+            if spec is None or not self.is_open:
+                del self._cancelled[key]
+                continue
+            if now - looked < RECONSUME_INTERVAL_S or not link.alive:
+                continue
+            self._cancelled[key] = (since, now)
+            try:
+                sub = self._sub(link)
+                if tag in sub.callbacks:  # consumed again already (a reconnect)
+                    del self._cancelled[key]
+                    continue
+                if not _queue_exists(link, spec.queue):
+                    if now - since < REDECLARE_AFTER_S:
+                        continue
+                    self.connection.declarations.replay(link, queue=spec.queue)
+                self._consume_on(sub, tag, spec)
+                del self._cancelled[key]
+            except CHANNEL_ERRORS as exc:
+                logger.warning("beetle: cannot consume %r again on %s: %r", spec.queue, link, exc)
+                self._subs.pop(link, None)
+            except CAUGHT_ERRORS as exc:
+                fail_or_raise(link, exc)
 
     def basic_cancel(self, consumer_tag: str, **kwargs: Any) -> None:
         self._consumers.pop(consumer_tag, None)
@@ -417,6 +478,20 @@ class BeetleChannel(base.StdChannel):
 
     def after_reply_message_received(self, queue: str) -> None:
         pass
+
+
+def _queue_exists(link: BrokerLink, queue: str) -> bool:
+    """A passive declare on a channel of its own (a 404 closes the channel it came on)."""
+    if link.conn is None:
+        return False
+    channel = link.conn.channel()
+    try:
+        channel.queue_declare(queue=queue, passive=True)
+        return True
+    except amqp.NotFound:
+        return False
+    finally:
+        _close_quietly(channel)
 
 
 def inequivalent_arguments(exc: BaseException) -> bool:

@@ -87,14 +87,17 @@ class DeclarationLog:
             if predicate(decl):
                 del self._entries[key]
 
-    def replay(self, link: BrokerLink) -> None:
-        """Declare everything again on ``link`` through a short-lived channel."""
+    def replay(self, link: BrokerLink, queue: str | None = None) -> None:
+        """Declare everything again on ``link`` through a short-lived channel (only ``queue``
+        and its bindings when given)."""
         if not self._entries or link.conn is None:
             return
         conn = link.conn
         channel = conn.channel()
         try:
             for decl in self:
+                if queue is not None and decl.args.get("queue") != queue:
+                    continue
                 try:
                     getattr(channel, decl.method)(**decl.args)
                 except amqp.ChannelError as exc:

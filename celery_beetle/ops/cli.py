@@ -448,9 +448,16 @@ def migrate_command(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--arg")
     clients = _clients(broker_url, management_port, management_tls, management_urls)
-    control = None if (no_workers or dry_run) else CeleryControl(broker_url)
-    migrator = Migrator(options, clients, store, control, echo=click.echo, settle_s=settle_s)
+    lock = store.lock(options.virtual_host, queue)
+    control = None
     try:
+        if not dry_run:
+            lock.acquire(wait_s=15.0, echo=click.echo)
+            saved = store.load(options.virtual_host, queue)  # as the previous holder left it
+            if saved is not None and not saved.done and not resume:
+                raise click.UsageError(f"a migration of {queue!r} is under way: --resume it")
+            control = None if no_workers else CeleryControl(broker_url)
+        migrator = Migrator(options, clients, store, control, echo=click.echo, settle_s=settle_s)
         if resume:
             if saved is None or saved.done:
                 raise click.UsageError(f"no migration of {queue!r} to resume")
@@ -468,6 +475,7 @@ def migrate_command(
     except MigrationError as exc:
         raise click.ClickException(str(exc))
     finally:
+        lock.release()
         if control is not None:
             control.close()
     click.echo(state.describe())

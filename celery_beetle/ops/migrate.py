@@ -60,6 +60,7 @@ from kombu_beetle.scopes import migrating_queue
 __all__ = [
     "BROKER_STEPS",
     "MigrationError",
+    "MigrationLock",
     "MigrationState",
     "Migrator",
     "StateStore",
@@ -157,6 +158,62 @@ class StateStore:
 
     def delete(self, vhost: str, queue: str) -> None:
         self.client.delete(self.key(vhost, queue))
+
+    def lock(self, vhost: str, queue: str) -> MigrationLock:
+        return MigrationLock(self.client, self.key(vhost, queue) + ":lock")
+
+
+class MigrationLock:
+    """One migration process per queue: a lease in Redis, refreshed by a daemon thread
+    while the process lives. A ``kill -9`` stops the refreshes, and the lease runs out
+    after ``ttl_s``, so a ``--resume`` right after a crash waits at most that long."""
+
+    def __init__(self, client: Any, key: str, ttl_s: float = 10.0) -> None:
+        import os
+        import socket
+        import threading
+
+        self.client = client
+        self.key = key
+        self.ttl_ms = int(ttl_s * 1000)
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
+        self._stop = threading.Event()
+        self._thread: Any = None
+
+    def acquire(self, wait_s: float, echo: Callable[[str], None] = print) -> None:
+        import threading
+
+        deadline = time.monotonic() + wait_s
+        told = False
+        while not self.client.set(self.key, self.owner, nx=True, px=self.ttl_ms):
+            holder = self.client.get(self.key)
+            if time.monotonic() > deadline:
+                raise MigrationError(
+                    f"another migration process holds {self.key} ({holder}); wait for it, or "
+                    f"for its lease to run out (at most {self.ttl_ms / 1000:.0f} s after it died)"
+                )
+            if not told:
+                echo(f"waiting for the lease of {holder} (a previous process) to run out")
+                told = True
+            time.sleep(0.5)
+        self._thread = threading.Thread(target=self._refresh, daemon=True, name="migrate-lock")
+        self._thread.start()
+
+    def _refresh(self) -> None:
+        while not self._stop.wait(self.ttl_ms / 3000):
+            try:
+                if self.client.get(self.key) == self.owner:
+                    self.client.pexpire(self.key, self.ttl_ms)
+            except Exception:  # Redis away for a moment: the next refresh tries again
+                continue
+
+    def release(self) -> None:
+        self._stop.set()
+        try:
+            if self.client.get(self.key) == self.owner:
+                self.client.delete(self.key)
+        except Exception:  # the lease runs out by itself
+            pass
 
 
 class WorkerControl(Protocol):

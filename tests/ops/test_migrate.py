@@ -104,3 +104,20 @@ def test_a_broker_down_at_the_start_is_refused_by_name(brokers, redis_url):
     assert result.exit_code == 1, result.output
     assert brokers.nodes[2].host_port in result.output
     assert "every broker up" in result.output
+
+
+def test_one_migration_process_per_queue_and_a_dead_ones_lease_runs_out(redis_url):
+    from celery_beetle.ops.migrate import MigrationError, MigrationLock
+    from celery_beetle.store import connect
+
+    client = connect(redis_url)
+    first = MigrationLock(client, "beetle:ops:migration:/:jobs:lock", ttl_s=1.0)
+    first.acquire(wait_s=0)
+    second = MigrationLock(client, "beetle:ops:migration:/:jobs:lock", ttl_s=1.0)
+    with pytest.raises(MigrationError, match="another migration process"):
+        second.acquire(wait_s=0.5, echo=lambda _: None)
+    first._stop.set()  # as if killed -9: no more refreshes
+    second.acquire(wait_s=5, echo=lambda _: None)  # the lease ran out
+    assert client.get("beetle:ops:migration:/:jobs:lock") == second.owner
+    second.release()
+    assert client.get("beetle:ops:migration:/:jobs:lock") is None

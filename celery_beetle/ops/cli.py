@@ -395,6 +395,11 @@ def _print_plans(plans: list[Any]) -> bool:
     is_flag=True,
     help="Do not ask the workers (Celery remote control) to consume the temporary queue.",
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Start although plain or older consumers consume QUEUE (see beetle fleet).",
+)
 @click.option("--management-port", default=15672, show_default=True, help="On every broker.")
 @click.option("--management-tls", is_flag=True, help="https to the management API.")
 @click.option(
@@ -415,7 +420,7 @@ def _print_plans(plans: list[Any]) -> bool:
 @prefix_option
 def migrate_command(
     queue: str | None, queue_type: str | None, args: tuple[str, ...], dry_run: bool,
-    show_status: bool, resume: bool, no_workers: bool, management_port: int,
+    show_status: bool, resume: bool, no_workers: bool, force: bool, management_port: int,
     management_tls: bool, management_urls: tuple[str, ...], settle_s: float, broker_url: str,
     redis_url: str, key_prefix: str,
 ) -> None:  # fmt: skip
@@ -467,6 +472,7 @@ def migrate_command(
                 raise click.UsageError("say what to change: --queue-type and/or --arg")
             state = migrator.plan(queue, queue_type, changes)
             click.echo(migrator.describe_plan(state))
+            _refuse_unsafe_consumers(clients, queue, force)
             if dry_run:
                 click.echo("dry run: nothing changed")
                 return
@@ -528,3 +534,24 @@ def fleet(
         )
     _report_errors(report.errors)
     sys.exit(1 if report.errors else EXIT_FLAGGED if report.flagged else 0)
+
+
+def _refuse_unsafe_consumers(clients: list[Any], queue: str, force: bool) -> None:
+    """A plain worker, or a beetle worker older than the temporary queue's shared scope,
+    would consume QUEUE.beetle-migrating under a scope of its own: a message with copies in
+    both queues could run twice. Refuse, unless --force."""
+    from celery_beetle.ops.fleet import survey
+    from kombu_beetle.scopes import migrating_queue
+
+    report = survey(clients, [queue, migrating_queue(queue)])
+    if not report.flagged:
+        return
+    for consumer in report.flagged:
+        click.echo(f"  {consumer.describe()}", err=True)
+    message = (
+        f"{len(report.flagged)} consumer(s) of {queue} are plain or older than "
+        f"{report.minimum}: they would not share the temporary queue's dedup scope"
+    )
+    if not force:
+        raise click.ClickException(message + " (upgrade them first, or --force)")
+    click.echo(f"warning: {message} (--force)", err=True)

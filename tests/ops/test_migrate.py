@@ -121,3 +121,24 @@ def test_one_migration_process_per_queue_and_a_dead_ones_lease_runs_out(redis_ur
     assert client.get("beetle:ops:migration:/:jobs:lock") == second.owner
     second.release()
     assert client.get("beetle:ops:migration:/:jobs:lock") is None
+
+
+def test_a_plain_consumer_of_the_queue_makes_the_migration_refuse_to_start(brokers, redis_url):
+    from kombu import Connection, Consumer, Queue
+
+    from tests.harness.waiting import wait_until
+
+    _classic_queue_with_messages(brokers, "jobs", 0)
+    url = brokers.nodes[0].amqp_url(brokers.vhost).replace("amqp://", "pyamqp://")
+    with Connection(url) as plain:
+        Consumer(plain.channel(), [Queue("jobs", durable=True)], callbacks=[]).consume()
+        fleet = ["fleet", "-Q", "jobs", *_args(brokers, redis_url)[:2], *_args(brokers, "")[6:]]
+        assert wait_until(lambda: CliRunner().invoke(main, fleet).exit_code == 2, 15)
+        args = ["queues", "migrate", "jobs", "--queue-type", "quorum", "--no-workers",
+                *_args(brokers, redis_url)]  # fmt: skip
+        result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1, result.output
+    assert "upgrade them first, or --force" in result.output
+    for node in brokers.nodes:
+        info = _queue(node, brokers.vhost, "jobs")
+        assert info["type"] == "classic", "nothing changed"

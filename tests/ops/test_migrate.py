@@ -142,3 +142,22 @@ def test_a_plain_consumer_of_the_queue_makes_the_migration_refuse_to_start(broke
     for node in brokers.nodes:
         info = _queue(node, brokers.vhost, "jobs")
         assert info["type"] == "classic", "nothing changed"
+
+
+def test_a_quorum_queue_goes_back_to_classic_with_its_messages(brokers, redis_url):
+    for node in brokers.nodes:
+        with node.connect(brokers.vhost) as conn:
+            ch = conn.channel()
+            ch.queue_declare("jobs", durable=True, arguments={"x-queue-type": "quorum"})
+            for i in range(3):
+                ch.basic_publish("", "jobs", f"q{i}".encode())
+    result = CliRunner().invoke(
+        main,
+        ["queues", "migrate", "jobs", "--queue-type", "classic", "--no-workers",
+         *_args(brokers, redis_url)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    for node in brokers.nodes:
+        assert _queue(node, brokers.vhost, "jobs")["type"] == "classic"
+        bodies = sorted(body for _, _, body in node.get_messages(brokers.vhost, "jobs"))
+        assert bodies == [b"q0", b"q1", b"q2"]

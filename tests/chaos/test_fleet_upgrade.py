@@ -127,4 +127,4 @@ def test_a_fleet_moved_from_pyamqp_to_beetle_step_by_step(chaos, brokers, spark,
 
 @pytest.mark.soak
 def test_soak_a_fleet_moved_from_pyamqp_to_beetle(chaos, brokers, spark, messages):
-    _upgrade(chaos, brokers, spark, messages, "soak: fleet pyamqp -> beetle")
+    _upgrade(chaos, brokers, spark, messages, "soak fleet pyamqp to beetle")

@@ -97,7 +97,7 @@ def test_migration_killed_9_halfway_then_resumed(
 def test_soak_migration_back_and_forth_under_load(
     chaos, brokers, redis_url, spark, messages, tmp_path
 ):
-    run = chaos("soak: classic->quorum->classic")
+    run = chaos("soak classic-quorum-classic-quorum")
     run.start_worker()
     run.start_worker(conf=NEW_WORKER)
     run.start_publisher(messages, interval_s=0.01)

@@ -55,8 +55,10 @@ def install(app: Any) -> Any:
     from celery_beetle.bootstep import BeetleGateStep
     from celery_beetle.censor import hide_store_url
     from celery_beetle.ops.worker import BeetlePolicyStep
+    from celery_beetle.quorum import leave_out_native_delayed_delivery
 
     hide_store_url()
+    leave_out_native_delayed_delivery()
     if getattr(app, "_beetle_installed", False):
         return app
     app.steps["consumer"].add(BeetleGateStep)

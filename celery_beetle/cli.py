@@ -272,7 +272,7 @@ def _print_verdict(summary: dict[str, object], files: dict[str, str], rich_outpu
 
 
 def _register_operations() -> None:
-    from celery_beetle.ops.cli import dead_letters, queues
+    from celery_beetle.ops.cli import dead_letters, fleet, queues
 
     main.add_command(dead_letters)
     main.add_command(dead_letters, "dead")
@@ -281,6 +281,7 @@ def _register_operations() -> None:
 
     main.add_command(outbox)
     main.add_command(relay)
+    main.add_command(fleet)
 
 
 _register_operations()

@@ -42,6 +42,7 @@ from typing import Any
 
 from celery_beetle.retry_queue import RawMessage, republish
 from kombu_beetle.envelope import EXPIRES_AT_HEADER, FLAG_REDUNDANT, FLAGS_HEADER
+from kombu_beetle.scopes import home_queue
 
 __all__ = ["DEAD_HEADERS", "dead_letter_headers", "dead_letter_queue_name", "publish_dead_letter"]
 
@@ -68,7 +69,8 @@ _MAX_FRAMES = 8
 
 
 def dead_letter_queue_name(queue: str) -> str:
-    return f"{queue}.dead"
+    """``<queue>.dead``; a migration's temporary queue uses its home queue's."""
+    return f"{home_queue(queue)}.dead"
 
 
 def dead_letter_headers(
@@ -87,8 +89,9 @@ def dead_letter_headers(
     (``scope``: its dedup scope, None for the queue's name)."""
     headers: dict[str, Any] = {
         PREFIX + "reason": reason,
-        PREFIX + "queue": queue,
-        PREFIX + "scope": scope or queue,
+        # the queue a replay goes back to: never a migration's temporary queue
+        PREFIX + "queue": home_queue(queue),
+        PREFIX + "scope": scope or home_queue(queue),
         PREFIX + "at": now_ms if now_ms is not None else time.time_ns() // 1_000_000,
         PREFIX + "worker": worker or f"{socket.gethostname()}:{os.getpid()}",
     }

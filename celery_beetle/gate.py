@@ -438,7 +438,7 @@ class DeliveryGate(BadInputHandling):
             self._to_release.append((d.facts, str(owner)))
             if not self.paused:  # else the probe releases it before the gate resumes
                 self._release_unconfirmed_claims()
-        delay = max(float(mark.get("delay_s") or 0), self.handbacks.delay_for(d.key))
+        delay = max(float(mark.get("delay_s") or 0), self.handbacks.delay_for(d.key, d.message))
         self.stats["handed_back"] += 1
 
         def requeue() -> None:

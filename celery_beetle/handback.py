@@ -6,6 +6,17 @@ not at once: at once, one poison message or one unhealthy store would spin betwe
 worker as fast as both can go. It waits 0.5 s, doubling per hand-back of the same message up
 to a cap, holding its prefetch slot meanwhile, so a worker with nothing but trouble takes
 nothing new.
+
+On a quorum queue every requeue counts against the queue's ``delivery-limit`` (a policy,
+:mod:`celery_beetle.ops.policies`): past it the broker dead-letters the message to
+``<queue>.dead`` (kept, and replayable with ``beetle dead replay``), however healthy the
+message is. So hand-backs *count* the broker's own ``x-delivery-count`` header too: the
+backoff of a delivery is ``0.5 s * 2**n`` for the larger of this worker's count and the
+broker's, capped at ``quorum_max_s`` (5 min) rather than ``max_s``. A worker restart (which
+forgets its own counts) does not restart the backoff, and 20 deliveries (RabbitMQ 4's default
+limit) take more than an hour of hand-backs instead of ten minutes. Deferred copies and
+retries do not requeue (a deferred copy stays unacked; a retry is a new publish to a delay
+queue), so they never count.
 """
 
 from __future__ import annotations
@@ -15,7 +26,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["HandBacks", "ack", "channel_open", "requeue"]
+__all__ = ["DELIVERY_COUNT_HEADER", "HandBacks", "ack", "channel_open", "delivery_count", "requeue"]
+
+#: set by quorum queues on a redelivered message: how often the broker delivered it before
+DELIVERY_COUNT_HEADER = "x-delivery-count"
 
 logger = logging.getLogger(__name__)
 
@@ -32,26 +46,42 @@ class HandBacks:
         call_later: Callable[[float, Callable[[], None]], Any],
         max_s: float = 30.0,
         memory: int = 10_000,
+        quorum_max_s: float = 300.0,
     ) -> None:
         self.call_later = call_later
         self.max_s = max_s
+        self.quorum_max_s = quorum_max_s
         self.memory = memory
         self._counts: OrderedDict[Any, int] = OrderedDict()
 
-    def delay_for(self, key: Any) -> float:
-        """Seconds before handing ``key`` back: 0.5, doubling per hand-back, capped."""
-        if key is None:
+    def delay_for(self, key: Any, message: Any = None) -> float:
+        """Seconds before handing ``key`` back: 0.5, doubling per hand-back, capped; for a
+        quorum queue's delivery, counted from its ``x-delivery-count`` as well."""
+        delivered = delivery_count(message)
+        if key is None and delivered is None:
             return 1.0
-        count = self._counts.pop(key, 0)
-        self._counts[key] = count + 1
-        while len(self._counts) > self.memory:
-            self._counts.popitem(last=False)
-        return float(min(0.5 * 2 ** min(count, 16), self.max_s))
+        count = 0
+        if key is not None:
+            count = self._counts.pop(key, 0)
+            self._counts[key] = count + 1
+            while len(self._counts) > self.memory:
+                self._counts.popitem(last=False)
+        if delivered is None:
+            return float(min(0.5 * 2 ** min(count, 16), self.max_s))
+        count = max(count, delivered)
+        return float(min(0.5 * 2 ** min(count, 16), max(self.max_s, self.quorum_max_s)))
 
     def requeue_later(self, message: Any, key: Any, delay_s: float | None = None) -> None:
         """Requeue ``message`` after ``delay_s``, or the backoff of ``key``."""
-        delay = self.delay_for(key) if delay_s is None else max(delay_s, 0.1)
+        delay = self.delay_for(key, message) if delay_s is None else max(delay_s, 0.1)
         self.call_later(delay, lambda: requeue(message))
+
+
+def delivery_count(message: Any) -> int | None:
+    """The broker's ``x-delivery-count`` of ``message`` (quorum queues), or None."""
+    headers = getattr(message, "headers", None) or {}
+    value = headers.get(DELIVERY_COUNT_HEADER) if isinstance(headers, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def ack(message: Any) -> None:

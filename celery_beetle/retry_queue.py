@@ -38,7 +38,7 @@ from kombu.serialization import dumps, registry
 
 from celery_beetle.facts import FACTS_HEADER
 from kombu_beetle.envelope import REPUBLISHED_HEADER
-from kombu_beetle.scopes import SCOPE_HEADER
+from kombu_beetle.scopes import SCOPE_HEADER, home_queue
 
 __all__ = [
     "RawMessage",
@@ -154,7 +154,9 @@ def publish_delayed(
     """Send ``raw`` back to ``queue`` after ``delay_ms``, marked with its dedup ``scope``
     (None: the queue's name); returns the queue it went to.
 
-    A zero delay goes straight back to ``queue``."""
+    A zero delay goes straight back to ``queue``. A message consumed from a migration's
+    temporary queue goes back to the queue it stands in for (:func:`home_queue`)."""
+    queue = home_queue(queue)
     raw = replace(raw, headers={**raw.headers, SCOPE_HEADER: scope or queue})
     if delay_ms <= 0:
         republish(producer, raw, queue)

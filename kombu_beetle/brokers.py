@@ -22,6 +22,7 @@ import amqp
 from kombu.transport import pyamqp
 
 from .errors import BrokerTLSError
+from .identity import client_properties
 from .options import BeetleOptions, BrokerAddress
 
 logger = logging.getLogger(__name__)
@@ -169,6 +170,7 @@ class BrokerLink:
         kwargs.update(opts.amqp_options)
         kwargs.update(opts.broker_options.get(self.name, {}))
         kwargs["ssl"] = opts.ssl_for(self.address)
+        kwargs["client_properties"] = client_properties(kwargs.get("client_properties"))
         conn = BrokerConnection(**kwargs)
         try:
             conn.connect()

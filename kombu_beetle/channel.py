@@ -10,6 +10,7 @@ them, so acks and rejects go back there.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
@@ -31,6 +32,11 @@ logger = logging.getLogger(__name__)
 
 CHANNEL_ERRORS = amqp.Connection.channel_errors
 BROKER_HEADER = "beetle_broker"
+#: a consumer its broker cancelled (its queue was deleted: ``beetle queues migrate``
+#: re-creates it at once) is consumed again once the queue exists, looked for this often
+RECONSUME_INTERVAL_S = 0.3
+#: a queue still missing after this long is declared again, as a reconnect would
+REDECLARE_AFTER_S = 5.0
 
 
 @dataclass
@@ -55,6 +61,8 @@ class BeetleChannel(base.StdChannel):
         self.is_open = True
         self._subs: dict[BrokerLink, tuple[int, BrokerChannel]] = {}
         self._consumers: dict[str, ConsumerSpec] = {}
+        #: (broker, consumer tag) -> when the broker cancelled it (and when last looked at)
+        self._cancelled: dict[tuple[BrokerLink, str], tuple[float, float]] = {}
         self._qos: tuple[int, int, bool] | None = None
         for link in connection.brokers.live():
             try:
@@ -201,13 +209,35 @@ class BeetleChannel(base.StdChannel):
                 "queue_declare", queue=queue, passive=True, all_must_succeed=False, **kwargs
             )
         else:
-            results = self._declare("queue_declare", queue=queue, **kwargs)
+            try:
+                results = self._declare("queue_declare", queue=queue, **kwargs)
+            except amqp.PreconditionFailed as exc:
+                if not inequivalent_arguments(exc):
+                    raise
+                results = self._use_existing_queue(queue, kwargs, exc)
         found = [r for r in results if r is not None]
         if not found:
             return None  # nowait
         return amqp.protocol.queue_declare_ok_t(
             queue, sum(r.message_count for r in found), sum(r.consumer_count for r in found)
         )
+
+    def _use_existing_queue(self, queue: str, kwargs: dict[str, Any], exc: BaseException) -> Any:
+        """A broker holds ``queue`` with other arguments than ours: use it as it is.
+
+        That is a live migration (``beetle queues migrate``) half done, or done while this
+        worker's config still names the old arguments: in a blue-green deploy, old and new
+        workers declare one queue with different arguments, and each must go on consuming
+        it on every broker rather than stop on the first that was migrated."""
+        logger.warning(
+            "beetle: queue %r exists on a broker with other arguments than %r (%s); "
+            "consuming it as it is (a queue migration, or a config to update)",
+            queue,
+            kwargs.get("arguments"),
+            getattr(exc, "reply_text", exc),
+        )
+        self.connection.declarations.record("queue_declare", {"queue": queue, **kwargs})
+        return self._fanout("queue_declare", queue=queue, passive=True, all_must_succeed=False)
 
     def queue_bind(
         self, queue: str = "", exchange: str = "", routing_key: str = "", **kwargs: Any
@@ -272,8 +302,7 @@ class BeetleChannel(base.StdChannel):
             raise errors[0]
         return tag
 
-    @staticmethod
-    def _consume_on(sub: BrokerChannel, tag: str, spec: ConsumerSpec) -> None:
+    def _consume_on(self, sub: BrokerChannel, tag: str, spec: ConsumerSpec) -> None:
         sub.basic_consume(
             queue=spec.queue,
             consumer_tag=tag,
@@ -281,8 +310,62 @@ class BeetleChannel(base.StdChannel):
             exclusive=spec.exclusive,
             callback=spec.callback,
             arguments=spec.arguments,
-            on_cancel=spec.on_cancel,
+            on_cancel=self._on_server_cancel(sub.beetle_link, spec),
         )
+
+    def _on_server_cancel(self, link: BrokerLink | None, spec: ConsumerSpec) -> Any:
+        """What py-amqp calls when the broker cancels a consumer (its queue was deleted).
+
+        Without it py-amqp raises ``ConsumerCancelled`` and the whole broker link would be
+        dropped and reconnected, every delivery of every queue on it redone. Instead the
+        consumer alone is consumed again once its queue exists (:meth:`reconsume_due`)."""
+
+        def on_cancel(consumer_tag: str) -> None:
+            logger.warning(
+                "beetle: %s cancelled the consumer of queue %r (deleted or migrated); "
+                "consuming it again once it exists",
+                link.name if link is not None else "a broker",
+                spec.queue,
+            )
+            if link is not None:
+                now = time.monotonic()
+                self._cancelled[(link, consumer_tag)] = (now, now)
+            if spec.on_cancel is not None:
+                spec.on_cancel(consumer_tag)
+
+        return on_cancel
+
+    def reconsume_due(self) -> None:
+        """Consume again what a broker cancelled, once its queue is back (the connection's
+        maintenance timer calls this; cheap when nothing was cancelled)."""
+        if not self._cancelled:
+            return
+        now = time.monotonic()
+        for key, (since, looked) in list(self._cancelled.items()):
+            link, tag = key
+            spec = self._consumers.get(tag)
+            if spec is None or not self.is_open:
+                del self._cancelled[key]
+                continue
+            if now - looked < RECONSUME_INTERVAL_S or not link.alive:
+                continue
+            self._cancelled[key] = (since, now)
+            try:
+                sub = self._sub(link)
+                if tag in sub.callbacks:  # consumed again already (a reconnect)
+                    del self._cancelled[key]
+                    continue
+                if not _queue_exists(link, spec.queue):
+                    if now - since < REDECLARE_AFTER_S:
+                        continue
+                    self.connection.declarations.replay(link, queue=spec.queue)
+                self._consume_on(sub, tag, spec)
+                del self._cancelled[key]
+            except CHANNEL_ERRORS as exc:
+                logger.warning("beetle: cannot consume %r again on %s: %r", spec.queue, link, exc)
+                self._subs.pop(link, None)
+            except CAUGHT_ERRORS as exc:
+                fail_or_raise(link, exc)
 
     def basic_cancel(self, consumer_tag: str, **kwargs: Any) -> None:
         self._consumers.pop(consumer_tag, None)
@@ -395,6 +478,27 @@ class BeetleChannel(base.StdChannel):
 
     def after_reply_message_received(self, queue: str) -> None:
         pass
+
+
+def _queue_exists(link: BrokerLink, queue: str) -> bool:
+    """A passive declare on a channel of its own (a 404 closes the channel it came on)."""
+    if link.conn is None:
+        return False
+    channel = link.conn.channel()
+    try:
+        channel.queue_declare(queue=queue, passive=True)
+        return True
+    except amqp.NotFound:
+        return False
+    finally:
+        _close_quietly(channel)
+
+
+def inequivalent_arguments(exc: BaseException) -> bool:
+    """Was ``exc`` a declaration refused because the queue exists with other arguments?"""
+    return isinstance(exc, amqp.PreconditionFailed) and "inequivalent arg" in str(
+        getattr(exc, "reply_text", "") or exc
+    )
 
 
 def _tag_errors(callback: Any) -> Any:

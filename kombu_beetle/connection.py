@@ -165,6 +165,8 @@ class BeetleConnection:
         for link in self.brokers:
             if link.pending is not None and link.adopt_pending():
                 self._on_link_up(link)
+        for channel in self.channels:
+            channel.reconsume_due()
 
     def _on_link_up(self, link: BrokerLink) -> None:
         try:

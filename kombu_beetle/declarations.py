@@ -87,19 +87,24 @@ class DeclarationLog:
             if predicate(decl):
                 del self._entries[key]
 
-    def replay(self, link: BrokerLink) -> None:
-        """Declare everything again on ``link`` through a short-lived channel."""
+    def replay(self, link: BrokerLink, queue: str | None = None) -> None:
+        """Declare everything again on ``link`` through a short-lived channel (only ``queue``
+        and its bindings when given)."""
         if not self._entries or link.conn is None:
             return
         conn = link.conn
         channel = conn.channel()
         try:
             for decl in self:
+                if queue is not None and decl.args.get("queue") != queue:
+                    continue
                 try:
                     getattr(channel, decl.method)(**decl.args)
                 except amqp.ChannelError as exc:
-                    # one bad entity must not keep the broker out of the set
-                    logger.error("beetle: cannot re-declare %s on %s: %r", decl, link.name, exc)
+                    # one bad entity must not keep the broker out of the set; a queue that
+                    # exists with other arguments (migrated) is consumed as it is
+                    log = logger.warning if "inequivalent arg" in str(exc) else logger.error
+                    log("beetle: cannot re-declare %s on %s: %r", decl, link.name, exc)
                     channel = conn.channel()
         finally:
             if channel.is_open:

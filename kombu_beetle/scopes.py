@@ -14,6 +14,12 @@ option (``celery_beetle.install`` copies the one to the other), so that publishe
 workers name the same scope in their trace events. Both accept a dict or the string form
 ``"orders=orders,orders.v2=orders"``.
 
+A queue named ``<queue>.beetle-migrating`` is the temporary queue of a live migration of
+``<queue>`` (``beetle queues migrate``): unless the mapping names it, its scope is the scope
+of ``<queue>``, and :func:`home_queue` is ``<queue>``, the queue its retries and dead letters
+go back to (the temporary queue is deleted once the migration is done, and a retry or a
+replay must not be routed to a queue that no longer exists).
+
 A scope, like a queue name in AMQP, is a non-empty string of at most 255 UTF-8 bytes.
 """
 
@@ -22,12 +28,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MAX_SCOPE_BYTES", "SCOPE_HEADER", "parse_dedup_scopes", "scope_of"]
+__all__ = [
+    "MAX_SCOPE_BYTES",
+    "MIGRATING_SUFFIX",
+    "SCOPE_HEADER",
+    "home_queue",
+    "migrating_queue",
+    "parse_dedup_scopes",
+    "scope_of",
+]
 
 #: The longest scope (and queue name: AMQP's shortstr), in UTF-8 bytes.
 MAX_SCOPE_BYTES = 255
 #: Header of a message a worker republishes (a retry): the scope it ran under.
 SCOPE_HEADER = "x-beetle-scope"
+#: the temporary queue of a live migration is ``<queue>`` + this
+MIGRATING_SUFFIX = ".beetle-migrating"
 
 
 def parse_dedup_scopes(value: Any) -> dict[str, str]:
@@ -67,8 +83,24 @@ def parse_dedup_scopes(value: Any) -> dict[str, str]:
 
 
 def scope_of(scopes: Mapping[str, str], queue: str) -> str:
-    """The scope of ``queue``: its mapping, or the queue's own name."""
-    return scopes.get(queue, queue)
+    """The scope of ``queue``: its mapping, or the queue's own name (for the temporary
+    queue of a migration: the scope of the queue it stands in for)."""
+    if queue in scopes:
+        return scopes[queue]
+    home = home_queue(queue)
+    return scopes.get(home, home)
+
+
+def migrating_queue(queue: str) -> str:
+    """The temporary queue that holds ``queue``'s messages while it is re-created."""
+    return queue + MIGRATING_SUFFIX
+
+
+def home_queue(queue: str) -> str:
+    """``queue``, or for a migration's temporary queue, the queue it stands in for."""
+    if queue.endswith(MIGRATING_SUFFIX) and len(queue) > len(MIGRATING_SUFFIX):
+        return queue[: -len(MIGRATING_SUFFIX)]
+    return queue
 
 
 def _check_name(what: str, name: Any) -> None:

@@ -53,7 +53,6 @@ from typing import Any
 
 import amqp
 from kombu.transport import base
-from kombu.utils.text import version_string_as_tuple
 
 from .channel import BeetleChannel
 from .connection import BeetleConnection
@@ -143,13 +142,17 @@ class Transport(base.Transport):
         connection.heartbeat_tick(rate=rate)
 
     def qos_semantics_matches_spec(self, connection: BeetleConnection) -> bool:
-        props = connection.server_properties
-        if props.get("product") == "RabbitMQ":
-            version = props.get("version")
-            if not version:
-                return True
-            as_tuple = version_string_as_tuple(version)
-            return as_tuple < (3, 3) or as_tuple >= (4, 0)
+        """Always True, so that Celery asks for per-consumer prefetch (``basic.qos`` with
+        ``global=False``) on every RabbitMQ version.
+
+        pyamqp answers False for RabbitMQ 3.3 to 3.13, and Celery then sets a channel-wide
+        (global) prefetch, which a quorum queue refuses: ``basic.consume`` fails with 540
+        NOT_IMPLEMENTED and the broker closes the whole connection. Celery only switches to
+        per-consumer QoS when its own config declares a quorum queue, but a queue migrated to
+        quorum on the brokers (``beetle queues migrate``) is consumed by workers whose config
+        still says classic; per-consumer QoS works for both types. The cost: a prefetch
+        change reaches only consumers started after it (Celery logs "Prefetch count is now
+        static"), so a deferred copy holds its prefetch slot until it resolves."""
         return True
 
     def as_uri(self, uri: str, include_password: bool = False, mask: str = "**") -> str:

@@ -1,17 +1,22 @@
-"""Operating beetle: queue properties as RabbitMQ policies, and dead letters.
+"""Operating beetle: queue properties as RabbitMQ policies, dead letters, live queue
+migration and the fleet view.
 
-================  ==========================================================================
-module            what it holds
-================  ==========================================================================
-``management``    a small client of RabbitMQ's management HTTP API, one per broker
-``policies``      queue properties as one policy per queue on every broker (plan, apply)
-``applier``       applying them from workers in the background, one worker per fleet
-``dead_letters``  browse, show and purge the messages in ``<queue>.dead`` on every broker
-``replay``        publish dead letters back so that each runs exactly once (the rule it
-                  asks the store for is :func:`celery_beetle.outcome.decide_replay`)
-``worker``        the worker bootstep that keeps its queues' policies applied
-``cli``           ``beetle dead-letters`` and ``beetle queues``
-================  ==========================================================================
+====================  ==========================================================================
+module                what it holds
+====================  ==========================================================================
+``management``        a small client of RabbitMQ's management HTTP API, one per broker
+``policies``          queue properties as one policy per queue on every broker (plan, apply)
+``applier``           applying them from workers in the background, one worker per fleet
+``dead_letters``      browse, show and purge the messages in ``<queue>.dead`` on every broker
+``replay``            publish dead letters back so that each runs exactly once (the rule it
+                      asks the store for is :func:`celery_beetle.outcome.decide_replay`)
+``worker``            the worker bootstep that keeps its queues' policies applied
+``migrate``           live queue migration (``beetle queues migrate``): the steps
+``migration_state``   where a migration stands, kept in the dedup store; one process per queue
+``mover``             moving a queue's messages on one broker, acked once confirmed
+``fleet``             every consumer on every broker: beetle, older beetle or plain
+``cli``               ``beetle dead-letters``, ``beetle queues`` and ``beetle fleet``
+====================  ==========================================================================
 
 Each operation is a Python function first; ``beetle`` (:mod:`celery_beetle.cli`) is a thin
 layer over them.

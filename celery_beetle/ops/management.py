@@ -135,6 +135,28 @@ class ManagementClient:
         body = {"durable": True, "auto_delete": False, "arguments": dict(arguments or {})}
         self._call("PUT", f"/api/queues/{self._vhost}/{quote(name, safe='')}", body)
 
+    def queue_bindings(self, name: str) -> list[dict[str, Any]]:
+        """The bindings of queue ``name`` from named exchanges (the default exchange's
+        implicit binding left out): what a re-created queue must get again."""
+        path = f"/api/queues/{self._vhost}/{quote(name, safe='')}/bindings"
+        return [
+            {
+                "exchange": b["source"],
+                "routing_key": b.get("routing_key", ""),
+                "arguments": dict(b.get("arguments") or {}),
+            }
+            for b in (self._call("GET", path) or [])
+            if b.get("source")
+        ]
+
+    def consumers(self) -> list[dict[str, Any]]:
+        """Every consumer of the vhost: its queue, tag and channel (connection name)."""
+        return list(self._call("GET", f"/api/consumers/{self._vhost}") or [])
+
+    def connections(self) -> list[dict[str, Any]]:
+        """Every connection of the vhost, with the client properties it announced."""
+        return list(self._call("GET", f"/api/vhosts/{self._vhost}/connections") or [])
+
     def overview(self) -> dict[str, Any]:
         return dict(self._call("GET", "/api/overview") or {})
 

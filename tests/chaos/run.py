@@ -106,8 +106,16 @@ class ChaosRun:
     # -- processes -----------------------------------------------------------------------
 
     def start_worker(
-        self, url: str | None = None, *, pool: str = "prefork", concurrency: int = 2
+        self,
+        url: str | None = None,
+        *,
+        pool: str = "prefork",
+        concurrency: int = 2,
+        conf: dict[str, Any] | None = None,
+        extra_env: dict[str, str] | None = None,
     ) -> WorkerProcess:
+        """A worker on ``url``; ``conf``: app settings of this worker only, over the run's;
+        ``extra_env``: more of the app's environment (``BEETLE_TEST_BROKEN``, ...)."""
         out = self.base / f"worker{len(self.workers)}.out"
         out.touch()
         env = {
@@ -117,7 +125,8 @@ class ChaosRun:
             "BEETLE_TEST_OPTIONS": json.dumps(FAST),
             "BEETLE_TEST_TASK": json.dumps(self.task_options),
             "BEETLE_TEST_TRACE": str(self.trace_dir),
-            "BEETLE_TEST_CONF": json.dumps(self.conf),
+            "BEETLE_TEST_CONF": json.dumps({**self.conf, **(conf or {})}),
+            **(extra_env or {}),
         }
         worker = WorkerProcess(
             "tests.exactly_once.app",

@@ -17,6 +17,10 @@ publisher with :func:`make_app` on the same brokers:
   app has (a rolling deploy's older workers do not know it);
 - ``BEETLE_TEST_BROKEN`` a file whose existence makes ``eo.fixable`` fail (a bug "fixed"
   by deleting it, before a dead letter is replayed);
+- ``BEETLE_TEST_PLAIN`` ``1``: the app *before* beetle (a fleet on ``pyamqp://``): no
+  ``celery_beetle.install``, ``eo.record`` a plain Celery task; its body writes the
+  ``started``/``completed`` trace events a BeetleTask run writes, so the audit counts the
+  runs of the old fleet too (instrumentation of the test, not of the product);
 - ``BEETLE_TEST_OUT`` a file every run appends lines to:
   ``<event> <item> <pid> <unix time>``, event ``start`` or ``done``.
 """
@@ -54,6 +58,7 @@ def make_app(
     out: str = "/dev/null",
     conf: dict[str, Any] | None = None,
     newer: bool = False,
+    plain: bool = False,
 ) -> Celery:
     app = Celery("beetle_eo", broker=broker_url, set_as_current=False)
     app.conf.broker_transport_options = transport_options or {}
@@ -65,20 +70,41 @@ def make_app(
     app.conf.beetle_redis_url = redis_url
     app.conf.beetle_trace_dir = trace_dir or None
     app.conf.update(conf or {})
-    celery_beetle.install(app)
+    if not plain:
+        celery_beetle.install(app)
     options = {**DEFAULT_OPTIONS, **(task_options or {})}
 
     def note(event: str, item: int) -> None:
         with open(out, "a") as f:
             f.write(f"{event} {item} {os.getpid()} {time.time():.3f}\n")
 
-    @app.task(base=BeetleTask, name="eo.record", shared=False, **options)
-    def record(item: int, sleep_s: float = 0.0) -> int:
+    def record_body(item: int, sleep_s: float) -> int:
         note("start", item)
         if sleep_s:
             time.sleep(sleep_s * float(os.environ.get("BEETLE_TEST_SLOW", "1")))
         note("done", item)
         return item
+
+    if plain:
+
+        @app.task(bind=True, name="eo.record", shared=False, acks_late=True)
+        def plain_record(self: Any, item: int, sleep_s: float = 0.0) -> int:
+            from kombu_beetle.trace import get_tracer
+
+            tracer = get_tracer(trace_dir, role="worker")
+            queue = (self.request.delivery_info or {}).get("routing_key") or "celery"
+            fields = {"task_name": "eo.record", "task_id": self.request.id, "attempt": 1}
+            tracer.emit("started", self.request.id, queue=queue, **fields)
+            result = record_body(item, sleep_s)
+            tracer.emit("completed", self.request.id, queue=queue, **fields)
+            tracer.flush()
+            return result
+
+    else:
+
+        @app.task(base=BeetleTask, name="eo.record", shared=False, **options)
+        def record(item: int, sleep_s: float = 0.0) -> int:
+            return record_body(item, sleep_s)
 
     @app.task(base=BeetleTask, name="eo.flaky", shared=False, **options)
     def flaky(item: int) -> None:
@@ -136,4 +162,5 @@ app = make_app(
     out=os.environ.get("BEETLE_TEST_OUT", "/dev/null"),
     conf=json.loads(os.environ.get("BEETLE_TEST_CONF", "{}")),
     newer=os.environ.get("BEETLE_TEST_NEWER") == "1",
+    plain=os.environ.get("BEETLE_TEST_PLAIN") == "1",
 )

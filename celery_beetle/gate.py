@@ -166,7 +166,8 @@ class DeliveryGate(BadInputHandling):
     message_ttl_ms: int = 86_400_000
     clock: Callable[[], int] = wall_clock_ms
     #: a copy deferred under a running lease is looked at again after this, then doubling
-    recheck_min_s: float = 0.5
+    #: (each look is one pipelined claim)
+    recheck_min_s: float = 0.05
     #: a deferred copy is looked at again at least this often, even under a long lease
     recheck_max_s: float = 30.0
     probe_interval_s: float = 1.0
@@ -575,8 +576,10 @@ class DeliveryGate(BadInputHandling):
     def _defer(self, d: Delivery, delay_ms: int, running: bool) -> str:
         """Hold ``d`` until the lease ends or the retry is due. A run elsewhere usually ends
         long before its lease does, so under a lease the copy is looked at again after
-        0.5 s, 1 s, 2 s, ... (not later than the lease's end): its ack, and the memory
-        and prefetch slot it holds, need not wait for a lease sized for the worst case."""
+        50 ms, 100 ms, 200 ms, ... (not later than the lease's end): its ack, and the
+        memory and prefetch slot it holds, need not wait for a lease sized for the worst
+        case. Soon matters: with per-consumer prefetch (the transport's, so that quorum
+        queues can be consumed) a deferred copy cannot widen the window, it holds a slot."""
         self.stats["deferred"] += 1
         self.deferred += 1
         self.deferred_bytes += d.size

@@ -47,6 +47,7 @@ from billiard.process import current_process
 from celery.exceptions import Ignore, Reject, Retry
 from celery.signals import task_failure, task_internal_error
 
+from celery_beetle import metrics
 from celery_beetle.deadletter import dead_letter_headers, publish_dead_letter
 from celery_beetle.facts import (
     CLAIM_MARK,
@@ -220,6 +221,7 @@ class Run:
                 keeper.stop()
             self._after_exception(exc, started)
             raise
+        metrics.task_runtime(self.facts.scope, self.task.name, time.monotonic() - started)
         if keeper is not None:
             keeper.stop()
         if self.main_completes:
@@ -276,6 +278,7 @@ class Run:
             # lease that is still ours is renewed rather than counted as a second attempt
         claim = self._send_claim()
         outcome = claim.outcome
+        metrics.pool_claim(outcome.value)
         if outcome is Claim.ACQUIRED:
             self.token, self.attempt = claim.token, claim.attempt
             self.lease_deadline_ms = claim.lease_deadline_ms
@@ -362,6 +365,7 @@ class Run:
         if fence.ok:
             self._trace("completed", runtime_ms=round((time.monotonic() - started) * 1000))
             return True
+        metrics.lease_lost("pool")
         logger.warning(
             "beetle: late completion of %s refused: its lease ran out and another run took it "
             "over (stored status %s, token %s; this run held token %s)",
@@ -382,6 +386,7 @@ class Run:
         self._trace("failed", exc=f"{type(exc).__name__}: {exc}"[:300])
         if decision.outcome is Failure.NOT_OWNER:
             logger.warning("beetle: failure of %s not recorded: lease taken over", self._name())
+            metrics.lease_lost("pool")
             return Ignore()
         if decision.outcome is Failure.GIVE_UP:
             reason = decision.reason.value if decision.reason else "unknown"
@@ -446,6 +451,7 @@ class Run:
         return f"{self.task.name}[{self.request.id}] ({where}, {facts.message_id})"
 
     def _trace(self, event: str, **detail: Any) -> None:
+        metrics.task_event(event, self.facts.scope, self.task.name, detail)
         if not getattr(self.tracer, "enabled", False):
             return
         self.tracer.emit(

@@ -28,6 +28,7 @@ import amqp
 from amqp import spec
 from amqp.exceptions import MessageNacked
 
+from . import metrics
 from .brokers import CAUGHT_ERRORS, BrokerChannel, BrokerLink, BrokerSet, fail_or_raise
 from .envelope import (
     REPUBLISHED_HEADER,
@@ -259,6 +260,8 @@ class Publisher:
         """Fail if no broker took the message, trace it, warn when a copy is missing."""
         properties = copies.message.properties
         done, failed = copies.done, copies.failed
+        metrics.published([link.name for link in done], failed, copies.nacked, copies.redundant,
+                          copies.wanted)  # fmt: skip
         if not done:
             if copies.nacked:
                 raise PublishNotConfirmed(

@@ -93,6 +93,22 @@ class AttemptsExhausted(DeadLettered):
     it was dead-lettered. The result backend records this as the task's failure."""
 
 
+class Dropped(Ignore):
+    """This copy is not run: another copy ran (``duplicate``) or the message ``expired``.
+
+    Acked without a result, as ``Ignore`` is; the main process sends Celery's monitors a
+    ``task-beetle-dropped`` event for it (:class:`~celery_beetle.task.BeetleRequest`), so the
+    ``task-received``/``task-started`` Celery already sent for this copy are not taken for a
+    second run."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.reason,))
+
+
 class HandBack(Reject):
     """Give the delivery back, unacked, for the gate to requeue after ``delay_s``.
 
@@ -288,10 +304,10 @@ class Run:
             return
         if outcome is Claim.ALREADY_DONE:
             self._trace("duplicate", status=claim.status.value if claim.status else None)
-            raise Ignore()
+            raise Dropped("duplicate")
         if outcome is Claim.EXPIRED:
             self._trace("expired")
-            raise Ignore()
+            raise Dropped("expired")
         if outcome in (Claim.LOCKED, Claim.DELAYED):
             # another worker claimed it since the gate looked: hand the copy back, the gate
             # defers it until that lease ends or the retry is due

@@ -75,3 +75,14 @@ def test_families_of_one_name_from_two_sources_are_merged_into_one():
     families = list(_Merged([source("gate"), source("pool")]).collect())
     assert [f.name for f in families] == ["beetle_claims"]
     assert len(families[0].samples) == 2
+
+
+def test_watch_rates_are_the_difference_between_two_scrapes_per_second():
+    from celery_beetle.top import Snapshot, rates
+
+    key = ("beetle_gate_deliveries_total", (("verdict", "duplicate"),))
+    before = Snapshot(at=10.0, brokers=[], samples={key: 100.0})
+    now = Snapshot(at=12.0, brokers=[], samples={key: 150.0})
+    assert rates(now, before, "beetle_gate_deliveries_total", "verdict") == {"duplicate": 25.0}
+    restarted = Snapshot(at=13.0, brokers=[], samples={key: 3.0})
+    assert rates(restarted, now, "beetle_gate_deliveries_total", "verdict") == {"duplicate": 0.0}

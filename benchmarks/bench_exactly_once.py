@@ -19,14 +19,15 @@ the gate has to ask Redis.
 Usage::
 
     python -m benchmarks.bench_exactly_once [--tasks 3000] [--rounds 3] [--body-ms 0]
-        [--pool prefork] [--concurrency 2] [--breakdown] [--trace]
+        [--pool prefork] [--concurrency 2] [--breakdown] [--trace] [--observability]
 
 ``--body-ms`` gives each task an I/O-bound body (a sleep), closer to real tasks than the
 default empty body, which measures nothing but the per-message overhead. ``--breakdown`` also
 times a plain task over ``beetle://`` (one copy), a BeetleTask over ``pyamqp://`` (one copy,
 deduplicated), and a plain task delivered twice whose second copy is dropped on an in-memory
 set (no Redis: the ceiling of any deduplication of two deliveries in Celery's main process),
-to show what the transport, the dedup and the redundancy each cost.
+to show what the transport, the dedup and the redundancy each cost. ``--observability`` times
+BeetleTask with trace events and Prometheus metrics on (scraped every second) against both off.
 
 Brokers come from ``benchmarks/_nodes.py`` (``BEETLE_BENCH_PORTS`` or throwaway nodes); Redis
 is a throwaway ``redis-server`` on a free port. This module is also the workers' Celery app
@@ -64,6 +65,9 @@ app.conf.beetle_redis_url = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:637
 app.conf.worker_hijack_root_logger = False
 app.conf.broker_connection_retry_on_startup = True
 app.conf.beetle_trace_dir = os.environ.get("BENCH_TRACE") or None
+if os.environ.get("BENCH_METRICS_PORT"):
+    app.conf.beetle_metrics_port = int(os.environ["BENCH_METRICS_PORT"])
+    app.conf.beetle_metrics_addr = "127.0.0.1"
 celery_beetle.install(app)
 OUT = os.environ.get("BENCH_OUT", "/dev/null")
 STATS = os.environ.get("BENCH_STATS", "")
@@ -302,6 +306,51 @@ def tracing_overhead(both: str, redis_url: str, opts: Any, tmp: Path) -> None:
     print(f"tracing ratio (target >= 0.9):      {ratio:8.2f}")
 
 
+def observability_overhead(both: str, redis_url: str, opts: Any, tmp: Path) -> None:
+    """Worker throughput with trace events and metrics on (scraped every second, as
+    Prometheus would) against both off, interleaved: the ratio says what they cost."""
+    import threading
+    import urllib.request
+
+    from tests.harness.ports import free_port
+
+    def scrape_every_second(port: int, stop: threading.Event, scrapes: list[int]) -> None:
+        while not stop.wait(1.0):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    r.read()
+                scrapes[0] += 1
+            except OSError:
+                pass  # not serving yet
+
+    off, on = [], []
+    scrapes = [0]
+    for n in range(opts.rounds):
+        for rates, observed in ((off, False), (on, True)):
+            queue = f"obs-{'on' if observed else 'off'}-{n}"
+            fill(both, redis_url, "bench.beetle", queue, opts.tasks)
+            stop = threading.Event()
+            env, trace_dir = None, ""
+            if observed:
+                port = free_port()
+                env, trace_dir = {"BENCH_METRICS_PORT": str(port)}, str(tmp / f"obs-trace-{n}")
+                args = (port, stop, scrapes)
+                threading.Thread(target=scrape_every_second, args=args, daemon=True).start()
+            try:
+                rate, _ = run_worker(
+                    both, redis_url, queue, opts.tasks, opts.pool, opts.concurrency, tmp,
+                    trace_dir, extra_env=env,
+                )  # fmt: skip
+            finally:
+                stop.set()
+            rates.append(rate)
+    ratio = statistics.median(on) / statistics.median(off)
+    print(f"BeetleTask, tracing and metrics off: {statistics.median(off):7.0f} tasks/s")
+    print(f"BeetleTask, tracing and metrics on:  {statistics.median(on):7.0f} tasks/s "
+          f"({scrapes[0]} scrapes)")  # fmt: skip
+    print(f"tracing + metrics ratio:             {ratio:7.2f}")
+
+
 def commandstats(client: Any) -> dict[str, int]:
     stats = client.info("commandstats")
     return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
@@ -321,6 +370,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--trace", action="store_true", help="also time BeetleTask with trace events on"
+    )
+    parser.add_argument(
+        "--observability",
+        action="store_true",
+        help="also time BeetleTask with trace events and metrics on (scraped every second)",
     )
     opts = parser.parse_args()
     global BODY_MS
@@ -371,6 +425,8 @@ def main() -> None:
                 breakdown(single, both, redis_url, opts, tmp, statistics.median(base_rates))
             if opts.trace:
                 tracing_overhead(both, redis_url, opts, tmp)
+            if opts.observability:
+                observability_overhead(both, redis_url, opts, tmp)
     finally:
         server.kill()
     report(

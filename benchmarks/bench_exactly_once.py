@@ -307,8 +307,8 @@ def tracing_overhead(both: str, redis_url: str, opts: Any, tmp: Path) -> None:
 
 
 def observability_overhead(both: str, redis_url: str, opts: Any, tmp: Path) -> None:
-    """Worker throughput with trace events and metrics on (scraped every second, as
-    Prometheus would) against both off, interleaved: the ratio says what they cost."""
+    """Worker throughput with trace events on, and with trace events and metrics on
+    (scraped every second, as Prometheus would), against both off; interleaved rounds."""
     import threading
     import urllib.request
 
@@ -323,17 +323,19 @@ def observability_overhead(both: str, redis_url: str, opts: Any, tmp: Path) -> N
             except OSError:
                 pass  # not serving yet
 
-    off, on = [], []
+    variants = ("off", "trace", "trace+metrics")
+    rates: dict[str, list[float]] = {v: [] for v in variants}
     scrapes = [0]
     for n in range(opts.rounds):
-        for rates, observed in ((off, False), (on, True)):
-            queue = f"obs-{'on' if observed else 'off'}-{n}"
+        for variant in variants:
+            queue = f"obs-{variant.replace('+', '-')}-{n}"
             fill(both, redis_url, "bench.beetle", queue, opts.tasks)
             stop = threading.Event()
-            env, trace_dir = None, ""
-            if observed:
+            env: dict[str, str] | None = None
+            trace_dir = "" if variant == "off" else str(tmp / f"obs-{queue}")
+            if variant == "trace+metrics":
                 port = free_port()
-                env, trace_dir = {"BENCH_METRICS_PORT": str(port)}, str(tmp / f"obs-trace-{n}")
+                env = {"BENCH_METRICS_PORT": str(port)}
                 args = (port, stop, scrapes)
                 threading.Thread(target=scrape_every_second, args=args, daemon=True).start()
             try:
@@ -343,12 +345,13 @@ def observability_overhead(both: str, redis_url: str, opts: Any, tmp: Path) -> N
                 )  # fmt: skip
             finally:
                 stop.set()
-            rates.append(rate)
-    ratio = statistics.median(on) / statistics.median(off)
-    print(f"BeetleTask, tracing and metrics off: {statistics.median(off):7.0f} tasks/s")
-    print(f"BeetleTask, tracing and metrics on:  {statistics.median(on):7.0f} tasks/s "
-          f"({scrapes[0]} scrapes)")  # fmt: skip
-    print(f"tracing + metrics ratio:             {ratio:7.2f}")
+            rates[variant].append(rate)
+            print(f"  round {n + 1}, {variant}: {rate:6.0f} tasks/s")
+    off = statistics.median(rates["off"])
+    for variant in variants:
+        median = statistics.median(rates[variant])
+        print(f"BeetleTask, {variant + ':':24}{median:7.0f} tasks/s  ({median / off:.2f} of off)")
+    print(f"({scrapes[0]} scrapes of the metrics endpoint)")
 
 
 def commandstats(client: Any) -> dict[str, int]:

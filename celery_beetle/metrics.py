@@ -3,12 +3,13 @@
 Turned on by ``app.conf.beetle_metrics_port`` (and ``beetle_metrics_addr``, default
 ``0.0.0.0``), with ``prometheus_client`` installed (``pip install kombu-beetle[metrics]``):
 the worker's main process then serves ``http://host:port/metrics``. Off (the default),
-nothing here runs but a no-op call where a pool process records a run.
+nothing is counted: each hook is a call that finds no metrics and returns.
 
 **Prefork: one scrape sums the pool.** The pool's processes count in prometheus_client's
 *multiprocess mode*: each writes its counters to memory-mapped files in
 ``PROMETHEUS_MULTIPROC_DIR`` (the worker sets one, ``<tmp>/beetle-metrics-<pid>``, and
-empties it at start unless the environment names one already), and the main process sums
+empties it at start unless the environment names one already: then one directory per
+worker, emptied before it starts, is the operator's to give), and the main process sums
 the files of every process at scrape time. Aggregation in the main process was the other
 choice; it needs a channel from each pool process to the main one and loses what a pool
 process counted since its last report when it is killed (-9 or a time limit), which is
@@ -57,6 +58,7 @@ Labels are bounded (queue, task, broker, outcome, verdict, reason): never a mess
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import shutil
@@ -70,6 +72,7 @@ from kombu_beetle import metrics as transport_metrics
 __all__ = [
     "GateCollector",
     "OutboxCollector",
+    "activate",
     "dead_lettered",
     "lease_lost",
     "pool_claim",
@@ -133,19 +136,21 @@ class _Metrics:
         return found
 
 
-_UNSET: Any = object()
-_metrics: Any = _UNSET
+#: None until :func:`activate`: a worker without metrics counts nothing
+_metrics: _Metrics | None = None
+
+
+def activate() -> None:
+    """Count from now on (the worker's step calls it before the pool forks, so the pool's
+    processes count too). Raises ImportError without prometheus_client."""
+    global _metrics
+    if _metrics is None:
+        import prometheus_client
+
+        _metrics = _Metrics(prometheus_client)
 
 
 def _get() -> _Metrics | None:
-    global _metrics
-    if _metrics is _UNSET:
-        try:
-            import prometheus_client
-        except ImportError:
-            _metrics = None
-        else:
-            _metrics = _Metrics(prometheus_client)
     return _metrics
 
 
@@ -294,6 +299,8 @@ class OutboxCollector:
         except Exception as exc:  # a scrape must not fail for a database hiccup
             logger.warning("beetle: cannot read the outbox for metrics: %r", exc)
             return
+        if oldest is not None and oldest.tzinfo is None:  # stored in UTC (timezone=True)
+            oldest = oldest.replace(tzinfo=dt.timezone.utc)
         age = self.clock() - oldest.timestamp() if oldest is not None else 0.0
         yield GaugeMetricFamily("beetle_outbox_pending_rows", "Rows in the outbox.", pending)
         yield GaugeMetricFamily(
@@ -341,6 +348,7 @@ def prepare_multiprocess(directory: str | None = None) -> str:
     # prometheus_client picks its value class at import; a metric made from now on writes
     # to the files (each counter's value is made at its first label set, so none is lost)
     values.ValueClass = values.get_value_class()
+    activate()
     return chosen
 
 
@@ -361,16 +369,8 @@ def serve(port: int, addr: str, gate: Callable[[], Any], multiprocess: bool) -> 
     from prometheus_client import start_http_server
 
     transport_metrics.enabled()  # the transport's families exist before the first scrape
-    _get()
+    activate()
     registry = registry_for(gate, multiprocess)
     server = start_http_server(port, addr, registry=registry)
     logger.info("beetle: metrics on http://%s:%d/metrics", addr, port)
     return server
-
-
-def mark_process_dead(pid: int) -> None:
-    """Drop a pool process's live gauges (its counters stay in the sum)."""
-    if os.environ.get(MULTIPROC_ENV):
-        from prometheus_client import multiprocess
-
-        multiprocess.mark_process_dead(pid)

@@ -193,9 +193,9 @@ def timeline(classified: DataFrame, max_buckets: int = TIMELINE_BUCKETS) -> dict
     span = classified.agg(
         F.min("first_published_ms").alias("lo"), F.max("first_completed_ms").alias("hi")
     ).first()
-    lo = span["lo"] if span is not None else None
-    if lo is None:
+    if span is None or span["lo"] is None:
         return {"start_ms": None, "bucket_s": 1, "rows": []}
+    lo = span["lo"]
     hi = span["hi"] if span["hi"] is not None else lo
     bucket_s = max(1, math.ceil((hi - lo) / 1000 / max_buckets))
     width_ms = bucket_s * 1000

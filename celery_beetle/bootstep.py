@@ -84,9 +84,7 @@ class BeetleGateStep(bootsteps.StartStopStep):
         else:
             self.gate.reset()
         if self.settings.metrics_port is not None and self.metrics_server is None:
-            self.metrics_server = metrics.serve(
-                self.settings.metrics_port, self.settings.metrics_addr, lambda: self.gate, True
-            )
+            self.metrics_server = self._serve_metrics()
         self.queue_names = {}
         gated = []
         for name, task in c.app.tasks.items():
@@ -103,6 +101,17 @@ class BeetleGateStep(bootsteps.StartStopStep):
             "pipelined" if self.gate.reads is not None else "synchronous",
             ", ".join(sorted(gated)),
         )
+
+    def _serve_metrics(self) -> Any:
+        port, addr = self.settings.metrics_port, self.settings.metrics_addr
+        assert port is not None
+        try:
+            return metrics.serve(port, addr, lambda: self.gate, True)
+        except OSError as exc:
+            raise ImproperlyConfigured(
+                f"celery_beetle: cannot serve metrics on {addr}:{port} ({exc.strerror or exc}): "
+                "is another worker on this host using beetle_metrics_port? Give each its own"
+            ) from exc
 
     def stop(self, c: Any) -> None:
         if self.gate is not None:

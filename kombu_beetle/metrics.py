@@ -93,15 +93,16 @@ def enabled() -> bool:
 
 
 def published(
-    done: Iterable[str], failed: Iterable[str], nacked: bool, redundant: bool, wanted: int
+    done: Iterable[Any], failed: Iterable[str], nacked: bool, redundant: bool, wanted: int
 ) -> None:
-    """One message settled: ``done`` brokers confirmed a copy, ``failed`` did not."""
+    """One message settled: the links in ``done`` confirmed a copy, the brokers named in
+    ``failed`` did not."""
     m = _metrics if _metrics is not _UNSET else _get()
     if m is None:
         return
     confirmed = 0
-    for name in done:
-        m.child(m.copies, name, "confirmed").inc()
+    for link in done:
+        m.child(m.copies, link.name, "confirmed").inc()
         confirmed += 1
     outcome = "nacked" if nacked else "failed"
     for name in failed:

@@ -260,8 +260,7 @@ class Publisher:
         """Fail if no broker took the message, trace it, warn when a copy is missing."""
         properties = copies.message.properties
         done, failed = copies.done, copies.failed
-        metrics.published([link.name for link in done], failed, copies.nacked, copies.redundant,
-                          copies.wanted)  # fmt: skip
+        metrics.published(done, failed, copies.nacked, copies.redundant, copies.wanted)
         if not done:
             if copies.nacked:
                 raise PublishNotConfirmed(

@@ -86,3 +86,26 @@ def test_watch_rates_are_the_difference_between_two_scrapes_per_second():
     assert rates(now, before, "beetle_gate_deliveries_total", "verdict") == {"duplicate": 25.0}
     restarted = Snapshot(at=13.0, brokers=[], samples={key: 3.0})
     assert rates(restarted, now, "beetle_gate_deliveries_total", "verdict") == {"duplicate": 0.0}
+
+
+def test_a_metrics_port_in_use_stops_the_worker_with_a_clear_error(monkeypatch):
+    import socket
+
+    from celery.exceptions import ImproperlyConfigured
+    from prometheus_client import CollectorRegistry
+
+    from celery_beetle import metrics
+    from celery_beetle.bootstep import BeetleGateStep
+
+    monkeypatch.setattr(metrics, "registry_for", lambda gate, multiprocess: CollectorRegistry())
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        step = SimpleNamespace(
+            settings=BeetleSettings(redis_url=URL, metrics_port=port, metrics_addr="127.0.0.1"),
+            gate=None,
+        )
+        with pytest.raises(ImproperlyConfigured, match=f"cannot serve metrics on 127.0.0.1:{port}"):
+            BeetleGateStep._serve_metrics(step)  # type: ignore[arg-type]

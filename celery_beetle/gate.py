@@ -361,6 +361,8 @@ class DeliveryGate(BadInputHandling):
         outcome = claim.outcome
         self.claims[outcome] += 1
         if outcome is Claim.ACQUIRED:
+            if claim.taken_over:
+                self.stats["taken_over"] += 1
             given = GateClaim(owner, claim.token, claim.attempt, claim.lease_deadline_ms)
             return self._run(d, given)
         if outcome is Claim.DEAD_LETTER:  # the pool publishes it, as for its own claim

@@ -38,6 +38,9 @@ are in :mod:`kombu_beetle.metrics` and served by the same endpoint):
 ``beetle_task_retried_total{queue,task}``       retries scheduled
 ``beetle_dead_letters_total{queue,reason}``     messages dead-lettered (given up, bad input)
 ``beetle_task_runtime_seconds{queue,task}``     histogram of successful bodies' run time
+``beetle_lease_takeovers_total{where}``         claims over another run's lease that ran
+                                                out: its worker died mid-task (or outlived
+                                                the lease), and the message runs again
 ``beetle_leases_lost_total{where}``             runs that found their lease taken over (a
                                                 slow run; the taker ran the message again)
 ``beetle_store_round_trip_seconds``             summary (sum, count) of the gate's Redis
@@ -119,6 +122,9 @@ class _Metrics:
         self.lease_lost = prom.Counter(
             "beetle_leases_lost", "Runs that found their lease taken over.", ["where"]
         )
+        self.takeovers = prom.Counter(
+            "beetle_lease_takeovers", "Claims over a lease that ran out.", ["where"]
+        )
         self.runtime = prom.Histogram(
             "beetle_task_runtime_seconds",
             "Run time of successful task bodies.",
@@ -191,6 +197,13 @@ def pool_claim(outcome: str) -> None:
         m.child(m.claims, "pool", outcome).inc()
 
 
+def lease_taken_over() -> None:
+    """The pool claimed over another run's lease that ran out."""
+    m = _get()
+    if m is not None:
+        m.child(m.takeovers, "pool").inc()
+
+
 def lease_lost(where: str) -> None:
     m = _get()
     if m is not None:
@@ -244,6 +257,11 @@ class GateCollector:
         )
         lost.add_metric(["gate"], stats.get("lease_lost", 0))
         yield lost
+        takeovers = CounterMetricFamily(
+            "beetle_lease_takeovers", "Claims over a lease that ran out.", labels=["where"]
+        )
+        takeovers.add_metric(["gate"], stats.get("taken_over", 0))
+        yield takeovers
         reads = gate.reads
         if reads is not None:
             yield SummaryMetricFamily(

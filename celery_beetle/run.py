@@ -296,6 +296,8 @@ class Run:
         outcome = claim.outcome
         metrics.pool_claim(outcome.value)
         if outcome is Claim.ACQUIRED:
+            if claim.taken_over:
+                metrics.lease_taken_over()
             self.token, self.attempt = claim.token, claim.attempt
             self.lease_deadline_ms = claim.lease_deadline_ms
             # the gate completes with its token; another token (a lease taken over and lost

@@ -135,3 +135,28 @@ def test_a_prefork_workers_scrape_equals_the_audits_counts_after_a_broker_is_cut
     redundant = sum(after[k] - before[k] for k in ("redundant", "degraded"))
     assert redundant == len(published) == 43
     assert after["copies"] - before["copies"] == events["published"]  # one event per copy
+
+
+def test_a_worker_killed_mid_task_shows_as_one_lease_takeover_in_the_heirs_scrape(
+    brokers, client, eo_worker
+):
+    lease = {"timeout": 3, "attempts": 2, "exceptions": 1}
+    doomed = eo_worker(task_options=lease)
+    app = client(task_options=lease)
+    app.tasks["eo.record"].delay(1, 30)
+    assert wait_until(lambda: counts([doomed], "start")[1] == 1, timeout=20)
+    doomed.kill()
+    port = free_port()
+    conf = {"beetle_metrics_port": port, "beetle_metrics_addr": "127.0.0.1"}
+    heir = eo_worker(
+        pool="prefork",
+        task_options=lease,
+        extra_env={"BEETLE_TEST_CONF": json.dumps(conf), "BEETLE_TEST_SLOW": "0"},
+    )
+    assert wait_until(lambda: counts([heir])[1] == 1, timeout=30)
+    starts = counts([doomed, heir], "start")[1]
+    assert starts == 2
+    assert wait_until(lambda: total(scrape(port), "beetle_task_completed_total") == 1, timeout=10)
+    samples = scrape(port)
+    assert total(samples, "beetle_lease_takeovers_total") == starts - 1
+    assert total(samples, "beetle_leases_lost_total") == 0  # the loser died: it never knew

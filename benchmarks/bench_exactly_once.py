@@ -25,12 +25,14 @@ the gate has to ask Redis.
 Usage::
 
     python -m benchmarks.bench_exactly_once [--tasks 3000] [--rounds 3] [--body-ms 0]
-        [--pool prefork] [--concurrency 2] [--breakdown] [--trace]
+        [--pool prefork] [--concurrency 2] [--breakdown] [--trace] [--observability]
 
 ``--body-ms`` gives each task an I/O-bound body (a sleep), closer to real tasks than the
 default empty body, which measures nothing but the per-message overhead. ``--breakdown`` also
 times a plain task over ``beetle://`` (one copy) and a BeetleTask over ``pyamqp://`` (one
-copy, deduplicated), to show what the transport and the dedup each cost.
+copy, deduplicated), to show what the transport and the dedup each cost. ``--observability``
+times BeetleTask with trace events and Prometheus metrics on (scraped every second) against
+both off.
 
 Brokers come from ``benchmarks/_nodes.py`` (``BEETLE_BENCH_PORTS`` or throwaway nodes); Redis
 is a throwaway ``redis-server`` on a free port. This module is also the workers' Celery app
@@ -69,6 +71,9 @@ app.conf.worker_hijack_root_logger = False
 app.conf.worker_prefetch_multiplier = int(os.environ.get("BENCH_PREFETCH", "4"))
 app.conf.broker_connection_retry_on_startup = True
 app.conf.beetle_trace_dir = os.environ.get("BENCH_TRACE") or None
+if os.environ.get("BENCH_METRICS_PORT"):
+    app.conf.beetle_metrics_port = int(os.environ["BENCH_METRICS_PORT"])
+    app.conf.beetle_metrics_addr = "127.0.0.1"
 celery_beetle.install(app)
 OUT = os.environ.get("BENCH_OUT", "/dev/null")
 STATS = os.environ.get("BENCH_STATS", "")
@@ -306,6 +311,54 @@ def tracing_overhead(both: str, redis_url: str, opts: Any, tmp: Path) -> None:
     print(f"tracing ratio (target >= 0.9):      {ratio:8.2f}")
 
 
+def observability_overhead(both: str, redis_url: str, opts: Any, tmp: Path) -> None:
+    """Worker throughput with trace events on, and with trace events and metrics on
+    (scraped every second, as Prometheus would), against both off; interleaved rounds."""
+    import threading
+    import urllib.request
+
+    from tests.harness.ports import free_port
+
+    def scrape_every_second(port: int, stop: threading.Event, scrapes: list[int]) -> None:
+        while not stop.wait(1.0):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    r.read()
+                scrapes[0] += 1
+            except OSError:
+                pass  # not serving yet
+
+    variants = ("off", "trace", "trace+metrics")
+    rates: dict[str, list[float]] = {v: [] for v in variants}
+    scrapes = [0]
+    for n in range(opts.rounds):
+        for variant in variants:
+            queue = f"obs-{variant.replace('+', '-')}-{n}"
+            fill(both, redis_url, "bench.beetle", queue, opts.tasks)
+            stop = threading.Event()
+            env: dict[str, str] | None = None
+            trace_dir = "" if variant == "off" else str(tmp / f"obs-{queue}")
+            if variant == "trace+metrics":
+                port = free_port()
+                env = {"BENCH_METRICS_PORT": str(port)}
+                args = (port, stop, scrapes)
+                threading.Thread(target=scrape_every_second, args=args, daemon=True).start()
+            try:
+                rate, _ = run_worker(
+                    both, redis_url, queue, opts.tasks, opts.pool, opts.concurrency, tmp,
+                    trace_dir, extra_env=env,
+                )  # fmt: skip
+            finally:
+                stop.set()
+            rates[variant].append(rate)
+            print(f"  round {n + 1}, {variant}: {rate:6.0f} tasks/s")
+    off = statistics.median(rates["off"])
+    for variant in variants:
+        median = statistics.median(rates[variant])
+        print(f"BeetleTask, {variant + ':':24}{median:7.0f} tasks/s  ({median / off:.2f} of off)")
+    print(f"({scrapes[0]} scrapes of the metrics endpoint)")
+
+
 def commandstats(client: Any) -> dict[str, int]:
     stats = client.info("commandstats")
     return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
@@ -325,6 +378,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--trace", action="store_true", help="also time BeetleTask with trace events on"
+    )
+    parser.add_argument(
+        "--observability",
+        action="store_true",
+        help="also time BeetleTask with trace events and metrics on (scraped every second)",
     )
     opts = parser.parse_args()
     global BODY_MS
@@ -385,6 +443,8 @@ def main() -> None:
                 breakdown(single, both, redis_url, opts, tmp, statistics.median(base_rates))
             if opts.trace:
                 tracing_overhead(both, redis_url, opts, tmp)
+            if opts.observability:
+                observability_overhead(both, redis_url, opts, tmp)
     finally:
         server.kill()
     report(

@@ -24,6 +24,7 @@ from celery.exceptions import ImproperlyConfigured, InvalidTaskError, NotRegiste
 from celery.utils.objects import Bunch
 from kombu.exceptions import ContentDisallowed, DecodeError
 
+from celery_beetle import metrics
 from celery_beetle.deadletter import dead_letter_headers, publish_dead_letter
 from celery_beetle.facts import FACTS_HEADER, HANDBACK_MARK, InvalidHeader, message_facts
 from celery_beetle.gate import DeliveryGate
@@ -73,12 +74,17 @@ class BeetleGateStep(bootsteps.StartStopStep):
         #: the gate's id in the store (a bad input's dead letter is owed by it)
         self.owner = f"gate@{getattr(c, 'hostname', None) or socket.gethostname()}:{os.getpid()}"
         c.beetle_gate = self
+        self.metrics_server: Any = None
+        if self.settings.metrics_port is not None:
+            _prepare_metrics()
 
     def start(self, c: Any) -> None:
         if self.gate is None:
             self.gate = self._make_gate(c)
         else:
             self.gate.reset()
+        if self.settings.metrics_port is not None and self.metrics_server is None:
+            self.metrics_server = self._serve_metrics()
         self.queue_names = {}
         gated = []
         for name, task in c.app.tasks.items():
@@ -95,6 +101,17 @@ class BeetleGateStep(bootsteps.StartStopStep):
             "pipelined" if self.gate.reads is not None else "synchronous",
             ", ".join(sorted(gated)),
         )
+
+    def _serve_metrics(self) -> Any:
+        port, addr = self.settings.metrics_port, self.settings.metrics_addr
+        assert port is not None
+        try:
+            return metrics.serve(port, addr, lambda: self.gate, True)
+        except OSError as exc:
+            raise ImproperlyConfigured(
+                f"celery_beetle: cannot serve metrics on {addr}:{port} ({exc.strerror or exc}): "
+                "is another worker on this host using beetle_metrics_port? Give each its own"
+            ) from exc
 
     def stop(self, c: Any) -> None:
         if self.gate is not None:
@@ -301,6 +318,17 @@ def gated_strategy(strategy: Any, task_name: str, gate: DeliveryGate, consumer: 
     return beetle_strategy
 
 
+def _prepare_metrics() -> None:
+    """Before the pool forks: every process of this worker counts into shared files."""
+    try:
+        metrics.prepare_multiprocess()
+    except ImportError as exc:
+        raise ImproperlyConfigured(
+            "celery_beetle: beetle_metrics_port is set but prometheus_client is not installed: "
+            "pip install 'kombu-beetle[metrics]' (or unset beetle_metrics_port)"
+        ) from exc
+
+
 def _no_claims(message: Any, task_name: str) -> None:
     return None
 
@@ -314,6 +342,7 @@ def dead_letter_delivery(
     headers = dead_letter_headers(reason, queue, detail=detail, worker=worker, scope=scope)
     with app.producer_or_acquire() as producer:
         publish_dead_letter(producer, raw, queue, headers)
+    metrics.dead_lettered(scope or queue, reason)
 
 
 def _record_unknown_task(app: Any, message: Any, name: str) -> None:

@@ -193,16 +193,31 @@ def _url_from(value: str | None, path: str | None, what: str, required: bool) ->
     help="Read the dedup store's URL from this file.",
 )
 @click.option("--queue", "-Q", "queues", multiple=True, help="Report this queue (repeatable).")
+@click.option(
+    "--watch", "-w", is_flag=True, help="A live view, refreshed every second, until Ctrl-C."
+)
+@click.option(
+    "--metrics",
+    "metrics_urls",
+    multiple=True,
+    metavar="URL",
+    help="With --watch: a worker's metrics endpoint (beetle_metrics_port), e.g. "
+    "http://worker1:9808/metrics, for gate verdicts and dead letters (repeatable).",
+)
 def status(
     broker_url: str | None,
     broker_url_file: str | None,
     redis_url: str | None,
     redis_url_file: str | None,
     queues: tuple[str, ...],
+    watch: bool,
+    metrics_urls: tuple[str, ...],
 ) -> None:
     """Is every broker of BROKER_URL (a beetle:// URL) up, and the dedup store?
 
     Exits 1 when a broker or the store is down, so it can serve as a health check.
+    --watch shows the same live, with the workers' verdict rates and dead letters
+    from their --metrics endpoints.
 
     A URL given on the command line (BROKER_URL, --redis) is visible to every user of the
     machine through ps: pass URLs with passwords in BEETLE_BROKER_URL / BEETLE_REDIS_URL,
@@ -218,6 +233,18 @@ def status(
     from celery_beetle import status as report
     from kombu_beetle.errors import InvalidBrokerURL, InvalidTransportOption
 
+    if metrics_urls and not watch:
+        raise click.UsageError("--metrics goes with --watch")
+    if watch:
+        from celery_beetle.top import watch as live_view
+
+        try:
+            live_view(broker_url, redis_url, queues, metrics_urls)
+        except (InvalidBrokerURL, InvalidTransportOption) as exc:
+            raise click.BadParameter(str(exc), param_hint="BROKER_URL")
+        except KeyboardInterrupt:
+            pass
+        return
     try:
         brokers = report.brokers(broker_url, queues)
     except (InvalidBrokerURL, InvalidTransportOption) as exc:

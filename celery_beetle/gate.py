@@ -78,11 +78,13 @@ from __future__ import annotations
 import logging
 import secrets
 import socket
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from celery_beetle import metrics
 from celery_beetle.bad_input import BadInput, BadInputHandling, DeadLetter
 from celery_beetle.facts import (
     CLAIM_MARK,
@@ -176,6 +178,9 @@ class DeliveryGate(BadInputHandling):
     completed_memory_ms: int = 60_000
     worker: str | None = None
     stats: Counter[str] = field(default_factory=Counter)
+    #: the gate's claims by outcome, and the seconds Redis was unavailable (for the metrics)
+    claims: Counter[Claim] = field(default_factory=Counter)
+    unavailable_s: float = 0.0
     paused: bool = False
     #: pipelined reads on the event loop (:mod:`celery_beetle.gate_reads`); None: read
     #: synchronously through ``store.gate``
@@ -205,6 +210,7 @@ class DeliveryGate(BadInputHandling):
         self.deferred = 0
         self.deferred_bytes = 0
         self._claims = 0
+        self.paused_at = 0.0
         self._owner_base = f"{secrets.token_hex(3)}@{self.worker or socket.gethostname()}"
 
     # -- entry point -----------------------------------------------------------------------
@@ -362,7 +368,10 @@ class DeliveryGate(BadInputHandling):
     def _claimed(self, d: Delivery, claim: ClaimDecision, owner: str) -> str:
         """Go on from the gate's claim as the pool would have (:class:`~.run.Run`)."""
         outcome = claim.outcome
+        self.claims[outcome] += 1
         if outcome is Claim.ACQUIRED:
+            if claim.taken_over:
+                self.stats["taken_over"] += 1
             given = GateClaim(owner, claim.token, claim.attempt, claim.lease_deadline_ms)
             return self._run(d, given)
         if outcome is Claim.DEAD_LETTER:  # the pool publishes it, as for its own claim
@@ -507,11 +516,13 @@ class DeliveryGate(BadInputHandling):
                 return
             if fence.ok:
                 self.stats["completed"] += 1
+                metrics.task_completed(facts.scope, (message.headers or {}).get("task"))
                 runtime = header.get(RUNTIME_MARK)
                 detail = {"runtime_ms": runtime} if runtime is not None else None
                 pid = header.get(PID_MARK)
                 self._trace_run("completed", facts, message, claim.attempt, detail, pid)
             elif fence.status is not Status.COMPLETED:
+                self.stats["lease_lost"] += 1
                 header[COMPLETED_MARK] = False  # its twin goes through the gate again
                 logger.warning(
                     "beetle: late completion of %s (%s) refused: its lease ran out and another "
@@ -622,6 +633,7 @@ class DeliveryGate(BadInputHandling):
         if self.paused:
             return
         self.paused = True
+        self.paused_at = time.monotonic()
         self.stats["pauses"] += 1
         logger.error(
             "beetle: the dedup store is unreachable (%r): no task runs without a claim, so this "
@@ -637,6 +649,7 @@ class DeliveryGate(BadInputHandling):
             self.call_later(self.probe_interval_s, self._probe_tick)
             return
         self.paused = False
+        self.unavailable_s += time.monotonic() - self.paused_at
         parked, self._parked = self._parked, []
         logger.warning("beetle: the dedup store answers again; resuming %d deliveries", len(parked))
         for d in parked:

@@ -87,6 +87,9 @@ class PipelinedReads:
         self._pending: deque[tuple[float, _Request]] = deque()
         self._flush_scheduled = False
         self._watchdog: Any = None
+        #: requests answered and the seconds they waited, in all (read by the metrics)
+        self.answered = 0
+        self.waited_s = 0.0
 
     def read(self, facts: MessageFacts, callback: ReadCallback) -> None:
         """Ask for the record of ``facts``; the batch goes out at the end of this loop pass."""
@@ -166,9 +169,11 @@ class PipelinedReads:
             return
         try:
             while self._pending:
-                request = self._pending[0][1]
+                sent_at, request = self._pending[0]
                 values, error = self._replies(connection, len(request.commands))
                 self._pending.popleft()
+                self.answered += 1
+                self.waited_s += time.monotonic() - sent_at
                 self._answered(request, values, error)
                 if not connection.can_read(timeout=0):
                     break

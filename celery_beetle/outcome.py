@@ -144,6 +144,8 @@ class ClaimDecision:
     owner: str = ""
     reason: str = ""
     exceptions: int = 0
+    #: ACQUIRED over another owner's lease that ran out (a worker died or outlived it)
+    taken_over: bool = False
 
     @property
     def acquired(self) -> bool:
@@ -294,7 +296,11 @@ def decide_claim(
         expires_at_ms=facts.expires_at_ms,
     )
     decision = ClaimDecision(
-        Claim.ACQUIRED, token=running.token, attempt=running.attempts, lease_deadline_ms=deadline
+        Claim.ACQUIRED,
+        token=running.token,
+        attempt=running.attempts,
+        lease_deadline_ms=deadline,
+        taken_over=state.status is Status.RUNNING,
     )
     return decision, running
 

@@ -47,6 +47,7 @@ from billiard.process import current_process
 from celery.exceptions import Ignore, Reject, Retry
 from celery.signals import task_failure, task_internal_error
 
+from celery_beetle import metrics
 from celery_beetle.deadletter import dead_letter_headers, publish_dead_letter
 from celery_beetle.facts import (
     CLAIM_MARK,
@@ -90,6 +91,22 @@ class DeadLettered(Exception):
 class AttemptsExhausted(DeadLettered):
     """The message started ``attempts`` times (crashed runs included) and never completed;
     it was dead-lettered. The result backend records this as the task's failure."""
+
+
+class Dropped(Ignore):
+    """This copy is not run: another copy ran (``duplicate``) or the message ``expired``.
+
+    Acked without a result, as ``Ignore`` is; the main process sends Celery's monitors a
+    ``task-beetle-dropped`` event for it (:class:`~celery_beetle.task.BeetleRequest`), so the
+    ``task-received``/``task-started`` Celery already sent for this copy are not taken for a
+    second run."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.reason,))
 
 
 class HandBack(Reject):
@@ -220,6 +237,7 @@ class Run:
                 keeper.stop()
             self._after_exception(exc, started)
             raise
+        metrics.task_runtime(self.facts.scope, self.task.name, time.monotonic() - started)
         if keeper is not None:
             keeper.stop()
         if self.main_completes:
@@ -283,7 +301,10 @@ class Run:
             )
         claim = self._send_claim()
         outcome = claim.outcome
+        metrics.pool_claim(outcome.value)
         if outcome is Claim.ACQUIRED:
+            if claim.taken_over:
+                metrics.lease_taken_over()
             self.token, self.attempt = claim.token, claim.attempt
             self.lease_deadline_ms = claim.lease_deadline_ms
             # the gate completes with its token; another token (a lease taken over and lost
@@ -292,10 +313,10 @@ class Run:
             return
         if outcome is Claim.ALREADY_DONE:
             self._trace("duplicate", status=claim.status.value if claim.status else None)
-            raise Ignore()
+            raise Dropped("duplicate")
         if outcome is Claim.EXPIRED:
             self._trace("expired")
-            raise Ignore()
+            raise Dropped("expired")
         if outcome in (Claim.LOCKED, Claim.DELAYED):
             # another worker claimed it since the gate looked: hand the copy back, the gate
             # defers it until that lease ends or the retry is due
@@ -369,6 +390,7 @@ class Run:
         if fence.ok:
             self._trace("completed", runtime_ms=round((time.monotonic() - started) * 1000))
             return True
+        metrics.lease_lost("pool")
         logger.warning(
             "beetle: late completion of %s refused: its lease ran out and another run took it "
             "over (stored status %s, token %s; this run held token %s)",
@@ -389,6 +411,7 @@ class Run:
         self._trace("failed", exc=f"{type(exc).__name__}: {exc}"[:300])
         if decision.outcome is Failure.NOT_OWNER:
             logger.warning("beetle: failure of %s not recorded: lease taken over", self._name())
+            metrics.lease_lost("pool")
             return Ignore()
         if decision.outcome is Failure.GIVE_UP:
             reason = decision.reason.value if decision.reason else "unknown"
@@ -453,6 +476,7 @@ class Run:
         return f"{self.task.name}[{self.request.id}] ({where}, {facts.message_id})"
 
     def _trace(self, event: str, **detail: Any) -> None:
+        metrics.task_event(event, self.facts.scope, self.task.name, detail)
         if not getattr(self.tracer, "enabled", False):
             return
         self.tracer.emit(

@@ -25,6 +25,10 @@ Read from the Celery app's configuration (``app.conf``):
                                 whose messages are deduplicated under another name,
                                 e.g. the old and new queue of a migration under one
                                 scope; a queue not named is its own scope
+``beetle_metrics_port``         serve Prometheus metrics on this port from the
+                                worker's main process (unset: none; see
+                                :mod:`celery_beetle.metrics`)
+``beetle_metrics_addr``         the address to serve them on (``0.0.0.0``)
 ==============================  =====================================================
 
 The dedup store's URL (``beetle_redis_url``) takes one of these forms::
@@ -105,6 +109,8 @@ _APP_OPTIONS: Mapping[str, str] = {
     "beetle_max_deferred_bytes": "max_deferred_bytes",
     "beetle_unknown_task_grace": "unknown_task_grace_s",
     "beetle_dedup_scopes": "dedup_scopes",
+    "beetle_metrics_port": "metrics_port",
+    "beetle_metrics_addr": "metrics_addr",
     **{f"beetle_default_{name}": attr for name, attr in TASK_OPTIONS.items()},
 }
 
@@ -140,6 +146,9 @@ class BeetleSettings:
     trace_dir: str | None = None
     #: ``{physical queue: dedup scope}`` (:mod:`kombu_beetle.scopes`)
     dedup_scopes: Mapping[str, str] = field(default_factory=dict)
+    #: the worker serves Prometheus metrics on this port (None: no metrics)
+    metrics_port: int | None = None
+    metrics_addr: str = "0.0.0.0"
     retry_on_classes: tuple[type[BaseException], ...] = field(init=False, compare=False, default=())
 
     def __post_init__(self) -> None:
@@ -215,6 +224,16 @@ class BeetleSettings:
             "{" not in self.key_prefix and "}" not in self.key_prefix,
             f"key_prefix {self.key_prefix!r} must not contain braces: they mark the "
             f"Redis Cluster hash tag of each key",
+        )
+        _require(
+            self.metrics_port is None
+            or (_is_int(self.metrics_port) and 0 <= self.metrics_port <= 65535),
+            f"metrics_port must be a TCP port (0 to 65535) or None, got {self.metrics_port!r}",
+        )
+        _require(
+            isinstance(self.metrics_addr, str) and bool(self.metrics_addr),
+            f"metrics_addr must be an address to listen on, e.g. '0.0.0.0', "
+            f"got {self.metrics_addr!r}",
         )
         object.__setattr__(self, "dedup_scopes", parse_dedup_scopes(self.dedup_scopes))
         retry_on = _as_tuple(self.retry_on)

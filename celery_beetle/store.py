@@ -559,7 +559,11 @@ def _claim_decision(reply: Sequence[Any], now: int) -> ClaimDecision:
     code = reply[0]
     if code == "acquired":
         return ClaimDecision(
-            Claim.ACQUIRED, token=reply[1], attempt=reply[2], lease_deadline_ms=reply[3]
+            Claim.ACQUIRED,
+            token=reply[1],
+            attempt=reply[2],
+            lease_deadline_ms=reply[3],
+            taken_over=len(reply) > 4 and bool(reply[4]),
         )
     if code == "done":
         return ClaimDecision(Claim.ALREADY_DONE, status=Status(reply[1]))

@@ -61,11 +61,12 @@ from celery_beetle.facts import (
     PID_MARK,
     RUNTIME_MARK,
 )
-from celery_beetle.run import AttemptsExhausted, DeadLettered, HandBack, Run
+from celery_beetle.run import AttemptsExhausted, DeadLettered, Dropped, HandBack, Run
 from celery_beetle.settings import DEPRECATED_OPTIONS, TASK_OPTIONS, BeetleSettings, take_deprecated
 from kombu_beetle.envelope import FLAG_REDUNDANT, FLAGS_HEADER
 
 __all__ = [
+    "DROPPED_EVENT",
     "AttemptsExhausted",
     "BeetleRequest",
     "BeetleTask",
@@ -180,6 +181,12 @@ class BeetleTask(Task):
         return Run(self, request).execute(args, kwargs)
 
 
+#: The Celery event a copy dropped at the pool's claim gets (fields: ``uuid``, ``reason``:
+#: ``duplicate`` or ``expired``); a copy dropped by the gate never becomes a Celery request
+#: and sends no event at all (README: "Celery events").
+DROPPED_EVENT = "task-beetle-dropped"
+
+
 class BeetleRequest(Request):
     """Celery's request, telling the gate when a run completed (BeetleTask's ``Request``).
 
@@ -191,7 +198,8 @@ class BeetleRequest(Request):
     mark the run as not completed. The mark goes into the gate's header of the delivery.
 
     A run the pool handed back (:class:`~celery_beetle.run.HandBack`) is marked too, so that
-    the gate requeues it after a backoff rather than at once.
+    the gate requeues it after a backoff rather than at once. A copy the pool's claim dropped
+    (:class:`~celery_beetle.run.Dropped`) gets a :data:`DROPPED_EVENT` event.
 
     When the gate claimed the message, the mark is what makes the gate store the completion
     before the ack (:meth:`~celery_beetle.gate.DeliveryGate.complete_before_ack`): the pool
@@ -208,6 +216,8 @@ class BeetleRequest(Request):
             facts = (self.message.headers or {}).get(FACTS_HEADER)
             if isinstance(facts, dict):
                 facts[HANDBACK_MARK] = exc.mark()
+        elif isinstance(exc, Dropped):  # close Celery's received/started: not a run
+            self.send_event(DROPPED_EVENT, reason=exc.reason)
         return super().on_failure(exc_info, *args, **kwargs)
 
     def on_retry(self, *args: Any, **kwargs: Any) -> Any:

@@ -21,6 +21,7 @@ from typing import Any
 import amqp
 from kombu.transport import pyamqp
 
+from . import metrics
 from .errors import BrokerTLSError
 from .identity import client_properties
 from .options import BeetleOptions, BrokerAddress
@@ -190,6 +191,7 @@ class BrokerLink:
         self.last_error = None
         log = logger.info if self.generation > 1 else logger.debug
         log("beetle: broker %s is up (connection #%d)", self.name, self.generation)
+        metrics.broker_up(self.name, reconnected=self.generation > 1)
 
     def adopt_pending(self) -> bool:
         with self._lock:
@@ -216,6 +218,7 @@ class BrokerLink:
             return
         self.last_error = exc
         logger.warning("beetle: broker %s is down: %r", self.name, exc)
+        metrics.broker_down(self.name)
         if self._on_dead is not None:
             self._on_dead(self)
         _drop(conn)

@@ -28,6 +28,7 @@ import amqp
 from amqp import spec
 from amqp.exceptions import MessageNacked
 
+from . import metrics
 from .brokers import CAUGHT_ERRORS, BrokerChannel, BrokerLink, BrokerSet, fail_or_raise
 from .envelope import (
     REPUBLISHED_HEADER,
@@ -259,6 +260,7 @@ class Publisher:
         """Fail if no broker took the message, trace it, warn when a copy is missing."""
         properties = copies.message.properties
         done, failed = copies.done, copies.failed
+        metrics.published(done, failed, copies.nacked, copies.redundant, copies.wanted)
         if not done:
             if copies.nacked:
                 raise PublishNotConfirmed(

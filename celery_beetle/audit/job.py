@@ -72,6 +72,11 @@ SUMMARY_COLUMNS = (
     "publish_to_complete_ms",
     "published_brokers",
     "delivered_brokers",
+    "first_published_ms",
+    "first_started_ms",
+    "first_completed_ms",
+    "started_broker",
+    "completed_broker",
     "malformed_lines",
     "bad_line_min",
     "bad_line_max",
@@ -281,6 +286,7 @@ def run_audit(
         latency = [r.asDict() for r in latency_df.collect()]
         brokers_df = transforms.broker_deliveries(messages)
         brokers = sorted((r.asDict() for r in brokers_df.collect()), key=lambda r: r["broker"])
+        timeline = transforms.timeline(messages)
         samples = transforms.samples(messages, samples_per_class)
         samples["malformed_lines"] = [line[:300] for line in bad_lines]
         lap("summarise")
@@ -314,6 +320,7 @@ def run_audit(
         latency_ms=_overall_latency(overall),
         latency_by_task=[r for r in latency if r["task_name"] != "*"],
         brokers=brokers,
+        timeline=timeline,
         redundancy={k: totals[k] for k in transforms.REDUNDANCY_KEYS},
         samples=samples,
         trace_path=paths,

@@ -101,6 +101,37 @@ def _table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
+def _timeline(timeline: dict[str, Any]) -> str:
+    """Published, started and completed messages per second, a line per broker, one panel
+    per event, sharing the time axis: a stall after a fault and the recovery line up."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    width = float(timeline.get("bucket_s") or 1)
+    series: dict[tuple[str, str], dict[int, float]] = {}
+    last = 0
+    for row in timeline.get("rows") or []:
+        key = (str(row["event"]), str(row["broker"]))
+        series.setdefault(key, {})[int(row["bucket"])] = row["messages"] / width
+        last = max(last, int(row["bucket"]))
+    events = ("published", "started", "completed")
+    fig, axes = plt.subplots(len(events), 1, figsize=(9, 6.5), sharex=True)
+    xs = list(range(last + 1))
+    for ax, event in zip(axes, events, strict=True):
+        for (kind, broker), points in sorted(series.items()):
+            if kind == event:
+                ax.plot([x * width for x in xs], [points.get(x, 0.0) for x in xs], label=broker)
+        ax.set_ylabel(f"{event}/s")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8, loc="upper right", title="broker", title_fontsize=8)
+    axes[-1].set_xlabel("seconds from the first publish")
+    axes[0].set_title("messages per second over the run, per broker")
+    return _png(fig)
+
+
 def _img(src: str, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="{src}">'
 
@@ -132,6 +163,15 @@ def render(summary: dict[str, Any]) -> str:
         "<h2>Retries and unobserved completions</h2>",
         _table([{k: summary.get(k, 0) for k in _EXTRA}], list(_EXTRA)),
     ]
+    timeline = summary.get("timeline") or {}
+    if timeline.get("rows"):
+        parts += [
+            "<h2>Over time</h2>",
+            "<p>Messages first published (per broker holding a copy), first started and first "
+            "completed (per broker of the copy that ran), per "
+            f"{timeline.get('bucket_s', 1)} s.</p>",
+            _img(_timeline(timeline), "published, started and completed per second"),
+        ]
     lat = summary.get("latency_by_task") or []
     if lat:
         spans = ("publish_to_start", "start_to_complete", "publish_to_complete")

@@ -32,6 +32,9 @@ synchronised better than that, and overlaps shorter than it go unreported.
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
@@ -48,6 +51,10 @@ from celery_beetle.audit.schema import (
 DEFAULT_SKEW_TOLERANCE_MS = 1000
 #: The run events collected per message; a run is a ``started`` and its ``completed``/``failed``.
 RUN_EVENTS = ("started", "completed", "failed")
+#: the events whose broker the per-message row keeps (the copy's broker)
+BROKER_EVENTS = ("published", "delivered", "started", "completed")
+#: the timeline has at most this many buckets, however long the run
+TIMELINE_BUCKETS = 600
 #: ``detail.status`` of a ``duplicate`` event when the store said "completed" ("c" is the
 #: store's own code for it).
 DONE_STATUS = ("completed", "c")
@@ -136,7 +143,7 @@ def per_message(events: DataFrame) -> DataFrame:
         event.alias("event"),
         "ts_ms",
         "task_name",
-        F.when(event.isin("published", "delivered"), F.col("broker")).alias("broker"),
+        F.when(event.isin(*BROKER_EVENTS), F.col("broker")).alias("broker"),
         *[F.when(event.isin(*RUN_EVENTS), F.col(c)).alias(c) for c in ("worker", "pid", "attempt")],
         (published & (detail["confirmed"] == "true")).alias("confirmed"),
         (published & (detail["redundant"] == "true")).alias("redundant"),
@@ -166,10 +173,59 @@ def per_message(events: DataFrame) -> DataFrame:
         F.min(_ts("started")).alias("first_started_ms"),
         F.max(_ts("started")).alias("last_started_ms"),
         F.min(_ts("completed")).alias("first_completed_ms"),
+        F.min_by("broker", _ts("started")).alias("started_broker"),
+        F.min_by("broker", _ts("completed")).alias("completed_broker"),
         F.max(_ts("replayed")).alias("last_replayed_ms"),
         F.max(_ts("dead_lettered")).alias("last_dead_lettered_ms"),
     ]
     return keyed.groupBy("queue", "message_id").agg(*aggs)
+
+
+def timeline(classified: DataFrame, max_buckets: int = TIMELINE_BUCKETS) -> dict[str, Any]:
+    """Messages first published (per broker they were published to), first started and
+    first completed (per broker of the copy that ran), per time bucket: the picture of a
+    stall after a fault and of the recovery. Buckets are a second wide, or wider so that
+    there are at most ``max_buckets`` (a small table, whatever the length of the run).
+
+    ``{"start_ms", "bucket_s", "rows": [{"bucket", "event", "broker", "messages"}]}``.
+    """
+    c = F.col
+    span = classified.agg(
+        F.min("first_published_ms").alias("lo"), F.max("first_completed_ms").alias("hi")
+    ).first()
+    if span is None or span["lo"] is None:
+        return {"start_ms": None, "bucket_s": 1, "rows": []}
+    lo = span["lo"]
+    hi = span["hi"] if span["hi"] is not None else lo
+    bucket_s = max(1, math.ceil((hi - lo) / 1000 / max_buckets))
+    width_ms = bucket_s * 1000
+
+    def at(column: str) -> Column:
+        return F.floor((c(column) - F.lit(lo)) / width_ms).cast("long").alias("bucket")
+
+    unknown = F.lit("?")
+    published = classified.select(
+        at("first_published_ms"),
+        F.lit("published").alias("event"),
+        F.explode_outer("published_brokers").alias("broker"),
+    ).where(c("bucket").isNotNull())
+    runs = [
+        classified.where(c(f"first_{e}_ms").isNotNull()).select(
+            at(f"first_{e}_ms"),
+            F.lit(e).alias("event"),
+            F.coalesce(c(f"{e}_broker"), unknown).alias("broker"),
+        )
+        for e in ("started", "completed")
+    ]
+    events = published.unionByName(runs[0]).unionByName(runs[1])
+    rows = events.groupBy("bucket", "event", "broker").agg(F.count(F.lit(1)).alias("messages"))
+    found = sorted(
+        (r.asDict() for r in rows.collect()),
+        key=lambda r: (r["bucket"], r["event"], str(r["broker"])),
+    )
+    for row in found:
+        row["broker"] = row["broker"] if row["broker"] is not None else "?"
+    return {"start_ms": lo, "bucket_s": bucket_s, "rows": found}
 
 
 def split_malformed(facts: DataFrame) -> tuple[DataFrame, DataFrame]:

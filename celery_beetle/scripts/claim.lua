@@ -11,8 +11,10 @@
 -- ARGV[7]  dead_letter_lease_ms  how long the owner of a give-up has to publish its dead letter
 --
 -- Returns one of
---   {'acquired', token, attempt, lease_deadline_ms}   also to the same owner asking again
---                                                     (a lost reply): same token and attempt
+--   {'acquired', token, attempt, lease_deadline_ms, taken_over}   also to the same owner
+--                                          asking again (a lost reply): same token and
+--                                          attempt; taken_over 1 when another owner's lease
+--                                          ran out (its worker died or outlived it), else 0
 --   {'done', status}                       status 'c' completed or 'f' failed (and dead-lettered)
 --   {'locked', lease_deadline_ms, owner}   another owner's lease is live (a run, or a dead
 --                                          letter being published)
@@ -59,7 +61,7 @@ if status == 'r' and owner ~= '' and holder == owner then
   local deadline = now + lease_timeout
   redis.call('HSET', key, 'l', deadline)
   redis.call('PEXPIRE', key, math.max(stored_expiry, deadline) - now + margin)
-  return {'acquired', token, attempts, deadline}
+  return {'acquired', token, attempts, deadline, 0}
 end
 if status == 'f' then
   if lease > now and holder ~= owner then
@@ -82,4 +84,4 @@ redis.call('HSET', key, 's', 'r', 'a', attempts + 1, 'l', deadline, 'o', owner,
   't', token + 1, 'x', expires_at)
 redis.call('HDEL', key, 'n')
 redis.call('PEXPIRE', key, math.max(expires_at, deadline) - now + margin)
-return {'acquired', token + 1, attempts + 1, deadline}
+return {'acquired', token + 1, attempts + 1, deadline, status == 'r' and 1 or 0}

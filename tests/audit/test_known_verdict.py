@@ -24,6 +24,8 @@ RUN_FIELDS = ("trace_path", "timings_s", "elapsed_s")
 #: Latencies are ``percentile_approx`` figures: merged from partial sketches, so how the rows
 #: are partitioned moves a tail percentile to a neighbouring value (p99 of ~590 values).
 LATENCY_FIELDS = ("latency_ms", "latency_by_task")
+#: Added after the summary was recorded (pictures, not verdicts), checked by their own tests.
+NEWER_FIELDS = ("timeline",)
 
 
 def _plan() -> Plan:
@@ -47,7 +49,9 @@ def _plan() -> Plan:
 
 def _comparable(summary: dict[str, Any]) -> dict[str, Any]:
     """The summary without run facts or latencies, with row order normalised."""
-    out = {k: v for k, v in summary.items() if k not in (*RUN_FIELDS, *LATENCY_FIELDS)}
+    out = {
+        k: v for k, v in summary.items() if k not in (*RUN_FIELDS, *LATENCY_FIELDS, *NEWER_FIELDS)
+    }
     out["brokers"] = sorted(out["brokers"], key=lambda r: r["broker"])
     out["samples"] = {k: sorted(v) for k, v in out["samples"].items()}
     return out

@@ -309,3 +309,30 @@ def test_empty_trace_gives_zero_counts_and_no_clean_verdict(spark, tmp_path):
     assert result.empty and not result.ok and result.summary["messages"] == 0
     assert result.summary["ok"] is False
     assert "FAIL" in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_the_timeline_counts_published_started_and_completed_per_second_and_broker(
+    spark, tmp_path, trace
+):
+    from celery_beetle.audit import job
+
+    for i in range(3):  # second 0: three published on a and b, run from b in second 1
+        trace.published(f"m{i}", 100.0, brokers=("a:5672", "b:5672"))
+        trace.run(f"m{i}", 101.2, 102.5, broker="b:5672")
+    trace.published("late", 104.0, brokers=("a:5672",)).run("late", 104.1, 104.2)
+    trace.write(tmp_path / "trace")
+    result = job.run_audit(spark, str(tmp_path / "trace"), str(tmp_path / "out"))
+    timeline = result.summary["timeline"]
+    assert timeline["start_ms"] == 100_000 and timeline["bucket_s"] == 1
+    rows = {(r["bucket"], r["event"], r["broker"]): r["messages"] for r in timeline["rows"]}
+    assert rows == {
+        (0, "published", "a:5672"): 3,
+        (0, "published", "b:5672"): 3,
+        (1, "started", "b:5672"): 3,
+        (2, "completed", "b:5672"): 3,
+        (4, "published", "a:5672"): 1,
+        (4, "started", "a:5672"): 1,
+        (4, "completed", "a:5672"): 1,
+    }
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "Over time" in html and 'alt="published, started and completed per second"' in html

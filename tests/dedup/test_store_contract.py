@@ -85,6 +85,19 @@ def test_claim_after_the_lease_expired_is_acquired_with_a_new_token_and_the_next
     assert store.gate(msg).outcome is Gate.RUN
     claim = store.claim(msg, LIMITS, "w2")
     assert (claim.outcome, claim.token, claim.attempt) == (Claim.ACQUIRED, 2, 2)
+    assert claim.taken_over, "a lease that ran out was taken over (the metrics count it)"
+
+
+def test_only_a_claim_over_a_lease_that_ran_out_is_a_takeover(store, clock):
+    msg = message(clock)
+    first = store.claim(msg, LIMITS, "w1")
+    assert not first.taken_over
+    assert not store.claim(msg, LIMITS, "w1").taken_over  # its own, asked again
+    limits = Limits(LEASE_MS, attempts=3, exceptions=2, delay_ms=1_000, max_delay_ms=1_000)
+    failure = store.fail(msg, first.token, limits, retryable=True)
+    clock.advance(failure.delay_ms)
+    retry = store.claim(msg, limits, "w2")
+    assert (retry.outcome, retry.taken_over) == (Claim.ACQUIRED, False)  # a retry: no lease
 
 
 def test_claim_after_the_last_attempt_crashed_fails_the_message_once_dead_lettered(store, clock):

@@ -324,10 +324,10 @@ class DeliveryGate(BadInputHandling):
         now = self.clock()
         if d.facts.expires_at_ms <= now:
             return self._decide(d, decide_gate(None, d.facts, now))
-        key = d.key
-        self._in_flight.add(key)
         limits = self.claims_for(d.message, d.task_name)
         owner = self._next_owner() if limits is not None else ""
+        key = d.key
+        self._in_flight.add(key)
 
         def answered(answer: Any, exc: BaseException | None) -> None:
             if d.generation != self.generation:
@@ -657,15 +657,20 @@ class DeliveryGate(BadInputHandling):
                 self._examine(d)
 
     def _release_unconfirmed_claims(self) -> bool:
-        """Release the claims the pool sent without getting an answer (their owner never
-        ran the body); True once none is left."""
+        """Release the claims sent without an answer (their owner never ran the body); True
+        once none is left. A release only spares the next copy the wait for the lease's end,
+        so one Redis refuses for a reason other than being unavailable is given up."""
         while self._to_release:
             facts, owner = self._to_release[0]
             try:
                 self.store.release(facts, 0, owner)
             except Exception as exc:
-                logger.debug("beetle: cannot release %s's claim yet: %r", owner, exc)
-                return False
+                if store_unavailable(exc):
+                    logger.debug("beetle: cannot release %s's claim yet: %r", owner, exc)
+                    return False
+                logger.warning(
+                    "beetle: cannot release %s's claim (%r); its lease ends it", owner, exc
+                )
             self._to_release.pop(0)
         return True
 

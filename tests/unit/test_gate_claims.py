@@ -210,3 +210,22 @@ def test_a_task_with_an_eta_is_read_and_left_to_the_pool_to_claim(h):
     assert h.calls.kinds == ["read"]
     ((message, _),) = h.started
     assert CLAIM_MARK not in message.headers[FACTS_HEADER]
+
+
+def test_a_release_redis_refuses_for_another_reason_does_not_hold_up_the_others(h):
+    from redis.exceptions import ResponseError
+
+    good = h.facts("good")
+    assert h.store.claim(good, LIMITS, "owner-good").acquired
+    real_release = h.store.release
+
+    def release(facts: MessageFacts, token: int, owner: str = "") -> Any:
+        if facts.message_id == "bad":
+            raise ResponseError("WRONGTYPE Operation against a key holding the wrong kind")
+        return real_release(facts, token, owner)
+
+    h.store.release = release  # type: ignore[method-assign]
+    h.gate._release_later(h.facts("bad"), "owner-bad")
+    h.gate._release_later(good, "owner-good")
+    assert h.store.peek("jobs", "good").status is Status.PENDING
+    assert not h.gate._to_release

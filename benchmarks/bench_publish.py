@@ -155,6 +155,10 @@ def main() -> None:
             f"  ceiling, raw 2/1     {ceiling:10.2f}   (bare py-amqp, both writes then both "
             "confirms: what this machine allows)"
         )
+        print(
+            f"  beetle / ceiling     {ratio / ceiling:10.2f}   ((beetle/pyamqp) / (raw 2/1); "
+            "target >= 0.95)"
+        )
         # what beetle adds per message beyond the bare parallel publish, once Celery's own
         # cost (apply_async over bare py-amqp, one broker) is taken out of both sides
         celery_us = 1e6 / medians["pyamqp, 1 broker"] - 1e6 / medians["raw py-amqp, 1 broker"]

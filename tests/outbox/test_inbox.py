@@ -70,8 +70,9 @@ class InboxRun:
             "BEETLE_TEST_CRASH_DIR": str(self.crashes),
             "BEETLE_TEST_CRASH_CHANCE": str(chance),
         }
-        self.worker = WorkerProcess("tests.outbox.inbox_app", self.base / "worker.log", env,
-                                    pool="prefork", concurrency=2, name="inbox").start()  # fmt: skip
+        log = self.base / "worker.log"
+        worker = WorkerProcess("tests.outbox.inbox_app", log, env, pool="prefork", concurrency=2)
+        self.worker = worker.start()
 
     def publish(self, task_name: str, count: int) -> None:
         @self.app.task(base=BeetleTask, name=task_name, shared=False)

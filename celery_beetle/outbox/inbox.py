@@ -86,6 +86,7 @@ def once(session: Any, request: Any, *, step: str = "", app: Any = None) -> bool
         "expires_at": expires_at,
     }
     bind = session.get_bind() if hasattr(session, "get_bind") else session
+    insert: sa.Insert
     if bind.dialect.name == "postgresql":
         insert = postgresql.insert(INBOX).values(row).on_conflict_do_nothing()
     else:  # SQLite: the same with INSERT OR IGNORE

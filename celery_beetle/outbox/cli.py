@@ -49,6 +49,8 @@ def _engine(db_url: str) -> Any:
 @click.option("--batch-size", default=500, show_default=True, type=click.IntRange(min=1))
 @click.option("--trace-dir", help="Trace events here (overrides the app's beetle_trace_dir).")
 @click.option("--once", is_flag=True, help="Relay what is due now, then exit.")
+@click.option("--listen", is_flag=True, help="Wake on the enqueues' NOTIFY (they send it with "
+              "beetle_outbox_notify = True) instead of polling alone.")  # fmt: skip
 def relay(
     db_url: str,
     broker_url: str | None,
@@ -56,6 +58,7 @@ def relay(
     batch_size: int,
     trace_dir: str | None,
     once: bool,
+    listen: bool,
 ) -> None:
     """Relay committed outbox rows to the brokers (run as many as you like side by side)."""
     from kombu import Connection
@@ -82,7 +85,7 @@ def relay(
         signal.signal(sig, lambda *_: stop.set())
     with Connection(broker_url, transport_options=options) as conn:
         conn.ensure_connection(max_retries=30)
-        the_relay = Relay(engine, conn.channel(), batch_size=batch_size)
+        the_relay = Relay(engine, conn.channel(), batch_size=batch_size, listen=listen)
         if once:
             while not stop.is_set():
                 result = the_relay.relay_once()

@@ -206,6 +206,10 @@ class _RowWriter:
             "ordering_key": self.ordering_key,
         }
         self.session.execute(sa.insert(OUTBOX), [row])
+        if conf.get("beetle_outbox_notify"):
+            from celery_beetle.outbox.notify import notify
+
+            notify(self.session)
         _trace_after_commit(self.session, conf, message_id, routing_key, self.task_name, headers)
 
 

@@ -34,8 +34,8 @@ make commit order and id order one, serialize the writers of a key in the applic
 enqueue starts after the earlier commit.
 
 Polling is adaptive: a full batch is followed by the next at once, an empty pass doubles the
-wait from ``min_interval_s`` up to ``max_interval_s`` (no LISTEN/NOTIFY: it takes a global
-lock at commit, and poolers break it).
+wait from ``min_interval_s`` up to ``max_interval_s``. LISTEN/NOTIFY wake-ups are opt-in
+(``listen=True`` and ``beetle_outbox_notify``; :mod:`.notify` says what they cost).
 """
 
 from __future__ import annotations
@@ -108,6 +108,7 @@ class Relay:
         confirm_timeout_s: float | None = None,
         per_key: int = 100,
         inbox_sweep_s: float = 60.0,
+        listen: bool = False,
         tracer: Any = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -124,6 +125,12 @@ class Relay:
         #: how often the loop deletes expired inbox rows (when ``beetle_inbox`` exists)
         self.inbox_sweep_s = inbox_sweep_s
         self._next_sweep = 0.0
+        #: LISTEN for enqueues' NOTIFY between passes (:mod:`.notify`), else sleep
+        self.listener: Any = None
+        if listen:
+            from celery_beetle.outbox.notify import Listener
+
+            self.listener = Listener(engine)
         self.tracer = tracer if tracer is not None else channel.connection.tracer
         self.clock = clock
         self._declared: dict[str, float] = {}
@@ -287,7 +294,7 @@ class Relay:
             except (sa.exc.OperationalError, sa.exc.InterfaceError, NoBrokerAvailable,
                     ConnectionError, OSError) as exc:  # fmt: skip
                 logger.warning("beetle relay: pass failed, retrying in %.2fs: %s", wait, exc)
-                stop.wait(wait)
+                stop.wait(wait)  # not woken by a commit: the trouble may be the database
                 wait = min(wait * 2, self.max_interval_s)
                 continue
             if result.claimed >= self.batch_size:
@@ -297,7 +304,12 @@ class Relay:
                 wait = self.min_interval_s
             else:
                 wait = min(max(wait, self.min_interval_s) * 2, self.max_interval_s)
-            stop.wait(wait)
+            if self.listener is not None and self.listener.wait(wait, stop):
+                wait = self.min_interval_s  # a commit woke us: the next pass has rows
+            elif self.listener is None:
+                stop.wait(wait)
+        if self.listener is not None:
+            self.listener.close()
 
     def _sweep_inbox(self) -> None:
         """Expired inbox rows go, now and then, in small batches (a relay is the one

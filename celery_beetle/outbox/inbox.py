@@ -54,7 +54,7 @@ from sqlalchemy.dialects import postgresql
 
 from celery_beetle.outbox.table import INBOX
 
-__all__ = ["InboxError", "once", "sweep"]
+__all__ = ["InboxError", "inbox_row", "once", "sweep"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,20 +71,9 @@ def once(session: Any, request: Any, *, step: str = "", app: Any = None) -> bool
     directly, eagerly) there is no message to mark: it returns True. ``app``: the Celery
     app whose settings define the dedup identity (default: the current app, the worker's).
     """
-    if getattr(request, "called_directly", True) or getattr(request, "is_eager", False):
+    row = inbox_row(request, step, app)
+    if row is None:
         return True
-    if not isinstance(step, str) or len(step) > 64:
-        raise InboxError(f"step must be text of at most 64 characters, got {step!r}")
-    scope, message_id, expires_at = _identity(request, app)
-    now = dt.datetime.now(dt.timezone.utc)
-    row = {
-        "scope": scope,
-        "message_id": message_id,
-        "step": step,
-        "task_name": str(getattr(request, "task", None) or "")[:255],
-        "created_at": now,
-        "expires_at": expires_at,
-    }
     bind = session.get_bind() if hasattr(session, "get_bind") else session
     insert: sa.Insert
     if bind.dialect.name == "postgresql":
@@ -94,11 +83,32 @@ def once(session: Any, request: Any, *, step: str = "", app: Any = None) -> bool
     # RETURNING, not rowcount: drivers report -1 for an insert that did nothing
     inserted = session.execute(insert.returning(INBOX.c.message_id)).first() is not None
     if not inserted:
-        # the trace shows this run as started and completed (its effects are the first
-        # run's, which was started and never completed): the audit's view of a crash
-        logger.info("beetle inbox: %s (%s) committed by an earlier run; skipping its effects",
-                    message_id, scope)  # fmt: skip
+        skipped(row)
     return inserted
+
+
+def inbox_row(request: Any, step: str = "", app: Any = None) -> dict[str, Any] | None:
+    """The ``beetle_inbox`` row of the running message; None outside a worker."""
+    if getattr(request, "called_directly", True) or getattr(request, "is_eager", False):
+        return None
+    if not isinstance(step, str) or len(step) > 64:
+        raise InboxError(f"step must be text of at most 64 characters, got {step!r}")
+    scope, message_id, expires_at = _identity(request, app)
+    return {
+        "scope": scope,
+        "message_id": message_id,
+        "step": step,
+        "task_name": str(getattr(request, "task", None) or "")[:255],
+        "created_at": dt.datetime.now(dt.timezone.utc),
+        "expires_at": expires_at,
+    }
+
+
+def skipped(row: dict[str, Any]) -> None:
+    """Log a run that found its message's effects committed. (The trace shows it as
+    started and completed, the earlier run as started only: the audit's view of a crash.)"""
+    logger.info("beetle inbox: %s (%s) committed by an earlier run; skipping its effects",
+                row["message_id"], row["scope"])  # fmt: skip
 
 
 def _identity(request: Any, app: Any) -> tuple[str, str, dt.datetime]:

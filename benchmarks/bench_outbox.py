@@ -16,7 +16,8 @@ run (rounds interleaved, so both sides see the same machine load).
 
 Local throwaway PostgreSQL and two RabbitMQ nodes (BEETLE_BENCH_PORTS names brokers instead).
 
-    python -m benchmarks.bench_outbox [--tasks 3000] [--rounds 3] [--rate 400] [--low-rate 20]
+    python -m benchmarks.bench_outbox [--tasks 3000] [--rounds 3] [--rate 400] [--low-rate 2]
+                                      [--writers 4] [--notify-only]
 """
 
 from __future__ import annotations
@@ -149,7 +150,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rate", type=float, default=400.0, help="tasks/s for the latency")
     parser.add_argument("--batch-size", type=int, default=500)
-    parser.add_argument("--low-rate", type=float, default=20.0, help="tasks/s, NOTIFY's case")
+    parser.add_argument(
+        "--low-rate",
+        type=float,
+        default=2.0,
+        help="tasks/s where the poll has backed off (NOTIFY's case)",
+    )
+    parser.add_argument("--notify-only", action="store_true", help="only NOTIFY against polling")
     parser.add_argument("--writers", type=int, default=4, help="concurrent enqueuers")
     args = parser.parse_args()
 
@@ -178,16 +185,20 @@ def run(url: str, db_url: str, args: argparse.Namespace) -> None:
         relay = Relay(engine, conn.channel(), batch_size=args.batch_size)
         enqueue_rate(engine, task, 50, True)  # warm up
         relay_rate(relay, engine, task, 50)
-        for _ in range(args.rounds):
+        for _ in range(0 if args.notify_only else args.rounds):
             rows["plain"].append(enqueue_rate(engine, task, n // 3, False))
             rows["outbox"].append(enqueue_rate(engine, task, n // 3, True))
             with engine.begin() as c:  # what the enqueue rounds left
                 c.execute(sa.delete(OUTBOX))
             rows["direct"].append(direct_rate(app, task, n))
             rows["relay"].append(relay_rate(relay, engine, task, n))
-        lat = latencies(relay, engine, task, n, args.rate)
+        lat = [] if args.notify_only else latencies(relay, engine, task, n, args.rate)
         listening = Relay(engine, conn.channel(), batch_size=args.batch_size, listen=True)
         notify_rows = compare_notify(relay, listening, app, engine, task, args)
+    if args.notify_only:
+        print_notify(notify_rows, args)
+        engine.dispose()
+        return
     med = {k: statistics.median(v) for k, v in rows.items()}
     enqueue_ratio = med["plain"] / med["outbox"]
     relay_ratio = med["relay"] / med["direct"]
@@ -223,7 +234,7 @@ def compare_notify(
                 c.execute(sa.delete(OUTBOX))
     out["rates"] = {k: statistics.median(v) for k, v in rates.items()}
     for label, rate, count in (("steady", args.rate, n), ("low", args.low_rate,
-                                                          int(args.low_rate * 10))):  # fmt: skip
+                                                          max(20, int(args.low_rate * 12)))):  # fmt: skip
         app.conf.beetle_outbox_notify = False
         out[f"poll_{label}"] = latencies(polling, engine, task, count, rate)
         app.conf.beetle_outbox_notify = True
@@ -238,13 +249,14 @@ def print_notify(rows: dict[str, Any], args: Any) -> None:
     for key, label in (("1", "enqueue txn/s, one writer"),
                        ("N", f"enqueue txn/s, {args.writers} writers")):  # fmt: skip
         poll, notify = rates[f"poll{key}"], rates[f"notify{key}"]
-        print(f"{label:<44}{poll:>12.0f}{notify:>12.0f}{poll / notify:>7.2f}x cost")
+        print(f"{label:<44}{poll:>12.0f}{notify:>12.0f}{poll / notify:>7.2f}x the cost")
     summary: dict[str, Any] = {"enqueue_rates": rates}
     for label, rate in (("steady", args.rate), ("low", args.low_rate)):
         for p in (0.5, 0.99):
             poll, notify = pct(rows[f"poll_{label}"], p), pct(rows[f"notify_{label}"], p)
             name = f"commit-to-publish p{int(p * 100)} at {rate:.0f}/s, ms"
-            print(f"{name:<44}{poll:>12.1f}{notify:>12.1f}{poll / notify:>7.2f}x faster")
+            print(f"{name:<44}{poll:>12.1f}{notify:>12.1f}{poll / notify:>7.2f}x "
+                  f"{'shorter' if poll > notify else 'longer'} with NOTIFY")  # fmt: skip
             summary[f"{label}_p{int(p * 100)}_ms"] = {"poll": round(poll, 2),
                                                       "notify": round(notify, 2)}  # fmt: skip
     print(json.dumps({"notify": summary}))

@@ -233,8 +233,8 @@ def compare_notify(
             with engine.begin() as c:
                 c.execute(sa.delete(OUTBOX))
     out["rates"] = {k: statistics.median(v) for k, v in rates.items()}
-    for label, rate, count in (("steady", args.rate, n), ("low", args.low_rate,
-                                                          max(20, int(args.low_rate * 12)))):  # fmt: skip
+    low_count = max(20, int(args.low_rate * 12))
+    for label, rate, count in (("steady", args.rate, n), ("low", args.low_rate, low_count)):
         app.conf.beetle_outbox_notify = False
         out[f"poll_{label}"] = latencies(polling, engine, task, count, rate)
         app.conf.beetle_outbox_notify = True

@@ -8,6 +8,7 @@ Real PostgreSQL and brokers; the relay in this process, one pass at a time, with
 from __future__ import annotations
 
 import datetime as dt
+import threading
 
 import pytest
 import sqlalchemy as sa
@@ -22,6 +23,7 @@ from celery_beetle.outbox.relay import Relay, claim_keyed
 from celery_beetle.outbox.table import OUTBOX
 from tests.chaos.run import FAST
 from tests.exactly_once.app import make_app
+from tests.harness.waiting import wait_until
 
 
 @pytest.fixture
@@ -141,3 +143,53 @@ def test_a_row_not_yet_due_holds_back_the_later_rows_of_its_key(app, engine, con
 def test_a_bad_ordering_key_is_refused(app, engine):
     with pytest.raises(outbox.OutboxError, match="ordering_key"):
         enqueue(app, engine, [""])
+
+
+def test_two_relays_under_load_keep_every_keys_order_on_every_broker(app, engine, brokers):
+    """Three writers enqueue rows of ten keys (and unordered ones) while two relays run side
+    by side; then each broker's queue, read in order, holds each key's rows in id order."""
+    key_of: dict[str, str | None] = {}
+
+    def write(writer: int) -> None:
+        for j in range(40):
+            keys = [f"k{(writer + j) % 10}", None, f"k{j % 10}"]
+            key_of.update(zip(enqueue(app, engine, keys), keys, strict=True))
+
+    writers = [threading.Thread(target=write, args=(w,)) for w in range(3)]
+    stop = threading.Event()
+    relays = [threading.Thread(target=_relay_until, args=(app, engine, stop)) for _ in range(2)]
+    for thread in writers + relays:
+        thread.start()
+    for thread in writers:
+        thread.join(60)
+    assert wait_until(lambda: _waiting(engine) == 0, timeout=60)
+    stop.set()
+    for thread in relays:
+        thread.join(30)
+    seen = 0
+    for node in brokers.nodes:
+        connection = node.connect(brokers.vhost)
+        channel = connection.channel()
+        last: dict[str, str] = {}
+        while True:
+            method, properties, _ = channel.basic_get("celery", auto_ack=True)
+            if method is None:
+                break
+            seen += 1
+            key = key_of[properties.message_id]
+            if key is not None:
+                assert properties.message_id > last.get(key, ""), f"{key} out of order"
+                last[key] = properties.message_id
+        connection.close()
+    assert seen == 2 * len(key_of) == 2 * 3 * 40 * 3  # every row, two copies
+
+
+def _relay_until(app, engine, stop: threading.Event) -> None:
+    with Connection(app.conf.broker_url, transport_options=dict(FAST)) as conn:
+        conn.ensure_connection(max_retries=3)
+        Relay(engine, conn.channel(), batch_size=20, per_key=3).run(stop)
+
+
+def _waiting(engine) -> int:
+    with engine.connect() as c:
+        return int(c.execute(sa.select(sa.func.count()).select_from(OUTBOX)).scalar_one())

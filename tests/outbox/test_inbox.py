@@ -118,7 +118,8 @@ def test_a_worker_killed_right_after_its_commit_again_and_again_leaves_each_effe
     run.start_worker(chance=0.3)
     run.publish("eo.effect", messages)
     everything = set(range(messages))
-    assert wait_until(lambda: set(run.events("done", "skip")) >= everything, timeout=50), (
+    timeout = max(50, messages / 5)
+    assert wait_until(lambda: set(run.events("done", "skip")) >= everything, timeout=timeout), (
         f"{len(everything - set(run.events('done', 'skip')))} not done; {run.kills()} kills"
     )
     run.stop()

@@ -18,11 +18,15 @@ from types import SimpleNamespace
 
 import pytest
 import sqlalchemy as sa
+from click.testing import CliRunner
+from kombu import Connection
 from sqlalchemy.orm import Session
 
 from celery_beetle import BeetleTask
+from celery_beetle.cli import main
 from celery_beetle.outbox import inbox
 from celery_beetle.outbox.db import engine_for
+from celery_beetle.outbox.relay import Relay
 from celery_beetle.outbox.table import INBOX
 from tests.chaos.run import FAST, TASK_OPTIONS
 from tests.exactly_once.app import make_app
@@ -173,18 +177,37 @@ def test_once_outside_a_worker_just_runs():
     assert inbox.once(None, SimpleNamespace(called_directly=True))
 
 
-def test_the_sweep_deletes_expired_rows_in_batches_and_keeps_the_rest(outbox_db):
-    engine = engine_for(outbox_db)
+def _expired_and_live(engine, expired: int, live: int) -> None:
     now = dt.datetime.now(dt.timezone.utc)
     rows = [
         {"scope": "q", "message_id": str(i), "step": "", "task_name": "t", "created_at": now,
-         "expires_at": now + dt.timedelta(hours=-1 if i < 25 else 1)}
-        for i in range(30)
+         "expires_at": now + dt.timedelta(hours=-1 if i < expired else 1)}
+        for i in range(expired + live)
     ]  # fmt: skip
     with engine.begin() as conn:
         conn.execute(sa.insert(INBOX), rows)
-    assert inbox.sweep(engine, batch_size=10) == 25
+
+
+def _left(engine) -> set[str]:
     with engine.connect() as conn:
-        left = {r.message_id for r in conn.execute(sa.select(INBOX.c.message_id))}
-    assert left == {str(i) for i in range(25, 30)}
+        return {r.message_id for r in conn.execute(sa.select(INBOX.c.message_id))}
+
+
+def test_the_sweep_deletes_expired_rows_in_batches_and_keeps_the_rest(outbox_db):
+    engine = engine_for(outbox_db)
+    _expired_and_live(engine, 25, 5)
+    assert inbox.sweep(engine, batch_size=10) == 25
+    assert _left(engine) == {str(i) for i in range(25, 30)}
+    engine.dispose()
+
+
+def test_the_relay_loop_and_outbox_sweep_delete_expired_inbox_rows(outbox_db, brokers):
+    engine = engine_for(outbox_db)
+    _expired_and_live(engine, 3, 1)
+    with Connection(brokers.beetle_url, transport_options=dict(FAST)) as conn:
+        Relay(engine, conn.channel()).run(max_passes=1)
+    assert _left(engine) == {"3"}
+    _expired_and_live(engine, 2, 0)
+    result = CliRunner().invoke(main, ["outbox", "sweep", "--db", outbox_db])
+    assert result.exit_code == 0 and "deleted 2 expired" in result.output, result.output
     engine.dispose()

@@ -9,10 +9,15 @@ run (rounds interleaved, so both sides see the same machine load).
   ``beetle://`` (one confirm round trip per task). Target: ratio >= 3;
 - commit-to-publish latency p50/p99 at a steady load (commit until the relay's pass that
   published it committed its delete: an upper bound).
+- NOTIFY wake-ups (opt-in) against polling: commit-to-publish p50/p99 at the steady rate
+  and at a low one (where the adaptive poll has backed off), and what the NOTIFY costs the
+  enqueue transaction, one enqueuer and ``--writers`` side by side (PostgreSQL queues a
+  notification under a database-wide lock at commit).
 
 Local throwaway PostgreSQL and two RabbitMQ nodes (BEETLE_BENCH_PORTS names brokers instead).
 
-    python -m benchmarks.bench_outbox [--tasks 3000] [--rounds 3] [--rate 400]
+    python -m benchmarks.bench_outbox [--tasks 3000] [--rounds 3] [--rate 400] [--low-rate 2]
+                                      [--writers 4] [--notify-only]
 """
 
 from __future__ import annotations
@@ -64,6 +69,20 @@ def enqueue_rate(engine: sa.Engine, task: Any, n: int, with_outbox: bool) -> flo
             if with_outbox:
                 outbox.delay(session, task, i)
     return n / (time.perf_counter() - started)
+
+
+def concurrent_enqueue_rate(engine: sa.Engine, task: Any, n: int, writers: int) -> float:
+    """Transactions per second of ``writers`` threads, each a business row and a task."""
+    threads = [
+        threading.Thread(target=enqueue_rate, args=(engine, task, n // writers, True))
+        for _ in range(writers)
+    ]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return (n // writers) * writers / (time.perf_counter() - started)
 
 
 def direct_rate(app: Celery, task: Any, n: int) -> float:
@@ -131,6 +150,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rate", type=float, default=400.0, help="tasks/s for the latency")
     parser.add_argument("--batch-size", type=int, default=500)
+    parser.add_argument(
+        "--low-rate",
+        type=float,
+        default=2.0,
+        help="tasks/s where the poll has backed off (NOTIFY's case)",
+    )
+    parser.add_argument("--notify-only", action="store_true", help="only NOTIFY against polling")
+    parser.add_argument("--writers", type=int, default=4, help="concurrent enqueuers")
     args = parser.parse_args()
 
     from tests.harness.postgres import PostgresServer
@@ -147,7 +174,7 @@ def main() -> None:
 def run(url: str, db_url: str, args: argparse.Namespace) -> None:
     from celery_beetle.outbox.db import engine_for
 
-    engine = engine_for(db_url)
+    engine = engine_for(db_url, pool_size=max(5, args.writers + 1))
     create_tables(engine)
     ORDERS.metadata.create_all(engine)
     app = make_app(url)
@@ -158,14 +185,20 @@ def run(url: str, db_url: str, args: argparse.Namespace) -> None:
         relay = Relay(engine, conn.channel(), batch_size=args.batch_size)
         enqueue_rate(engine, task, 50, True)  # warm up
         relay_rate(relay, engine, task, 50)
-        for _ in range(args.rounds):
+        for _ in range(0 if args.notify_only else args.rounds):
             rows["plain"].append(enqueue_rate(engine, task, n // 3, False))
             rows["outbox"].append(enqueue_rate(engine, task, n // 3, True))
             with engine.begin() as c:  # what the enqueue rounds left
                 c.execute(sa.delete(OUTBOX))
             rows["direct"].append(direct_rate(app, task, n))
             rows["relay"].append(relay_rate(relay, engine, task, n))
-        lat = latencies(relay, engine, task, n, args.rate)
+        lat = [] if args.notify_only else latencies(relay, engine, task, n, args.rate)
+        listening = Relay(engine, conn.channel(), batch_size=args.batch_size, listen=True)
+        notify_rows = compare_notify(relay, listening, app, engine, task, args)
+    if args.notify_only:
+        print_notify(notify_rows, args)
+        engine.dispose()
+        return
     med = {k: statistics.median(v) for k, v in rows.items()}
     enqueue_ratio = med["plain"] / med["outbox"]
     relay_ratio = med["relay"] / med["direct"]
@@ -181,7 +214,52 @@ def run(url: str, db_url: str, args: argparse.Namespace) -> None:
                       "relay_vs_direct": round(relay_ratio, 2),
                       "latency_p50_ms": round(pct(lat, 0.5), 2),
                       "latency_p99_ms": round(pct(lat, 0.99), 2)}))  # fmt: skip
+    print_notify(notify_rows, args)
     engine.dispose()
+
+
+def compare_notify(
+    polling: Relay, listening: Relay, app: Celery, engine: sa.Engine, task: Any, args: Any
+) -> dict[str, Any]:
+    """The same measurements with and without NOTIFY, rounds interleaved."""
+    n, out = args.tasks, {}
+    rates: dict[str, list[float]] = {k: [] for k in ("poll1", "notify1", "pollN", "notifyN")}
+    for _ in range(args.rounds):
+        for notify in (False, True):
+            app.conf.beetle_outbox_notify = notify
+            side = "notify" if notify else "poll"
+            rates[f"{side}1"].append(enqueue_rate(engine, task, n // 3, True))
+            rates[f"{side}N"].append(concurrent_enqueue_rate(engine, task, n, args.writers))
+            with engine.begin() as c:
+                c.execute(sa.delete(OUTBOX))
+    out["rates"] = {k: statistics.median(v) for k, v in rates.items()}
+    low_count = max(20, int(args.low_rate * 12))
+    for label, rate, count in (("steady", args.rate, n), ("low", args.low_rate, low_count)):
+        app.conf.beetle_outbox_notify = False
+        out[f"poll_{label}"] = latencies(polling, engine, task, count, rate)
+        app.conf.beetle_outbox_notify = True
+        out[f"notify_{label}"] = latencies(listening, engine, task, count, rate)
+    app.conf.beetle_outbox_notify = False
+    return out
+
+
+def print_notify(rows: dict[str, Any], args: Any) -> None:
+    rates = rows["rates"]
+    print(f"\nNOTIFY wake-ups against polling{'':<14}{'polling':>12}{'NOTIFY':>12}{'ratio':>8}")
+    for key, label in (("1", "enqueue txn/s, one writer"),
+                       ("N", f"enqueue txn/s, {args.writers} writers")):  # fmt: skip
+        poll, notify = rates[f"poll{key}"], rates[f"notify{key}"]
+        print(f"{label:<44}{poll:>12.0f}{notify:>12.0f}{poll / notify:>7.2f}x the cost")
+    summary: dict[str, Any] = {"enqueue_rates": rates}
+    for label, rate in (("steady", args.rate), ("low", args.low_rate)):
+        for p in (0.5, 0.99):
+            poll, notify = pct(rows[f"poll_{label}"], p), pct(rows[f"notify_{label}"], p)
+            name = f"commit-to-publish p{int(p * 100)} at {rate:.0f}/s, ms"
+            print(f"{name:<44}{poll:>12.1f}{notify:>12.1f}{poll / notify:>7.2f}x "
+                  f"{'shorter' if poll > notify else 'longer'} with NOTIFY")  # fmt: skip
+            summary[f"{label}_p{int(p * 100)}_ms"] = {"poll": round(poll, 2),
+                                                      "notify": round(notify, 2)}  # fmt: skip
+    print(json.dumps({"notify": summary}))
 
 
 if __name__ == "__main__":

@@ -20,8 +20,13 @@ process (as many as you like), or inside workers with :func:`install_relay`.
 
 Tables (:mod:`.table`): ``beetle outbox init --db …`` creates them; with Alembic, add
 ``celery_beetle/outbox/migrations/versions`` to ``version_locations`` and upgrade
-``beetle_outbox@head``. ``beetle outbox list`` / ``retry`` show and requeue the rows the
-relay set aside. Needs the ``outbox`` extra (SQLAlchemy 2, psycopg 3, Alembic).
+``beetle_outbox@head``. ``beetle outbox list`` / ``retry`` / ``drop`` show, requeue and
+delete the rows the relay set aside. Needs the ``outbox`` extra (SQLAlchemy 2, psycopg 3,
+Alembic).
+
+Also: ``apply_async(..., ordering_key=…)`` publishes a key's tasks in order (:mod:`.relay`);
+:func:`.inbox.once` commits a body's effects once (:mod:`.inbox`); opt-in NOTIFY wake-ups
+(:mod:`.notify`); Django: :mod:`celery_beetle.contrib.django`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The relay inside a worker: a bootstep running :class:`~.relay.Relay` on a thread.
 
 ``celery_beetle.outbox.install_relay(app)`` adds it; it relays while the worker runs when
-``beetle_outbox_db`` is set (a database URL), and stops with the worker. Several workers
+``beetle_outbox_db`` is set (a database URL), and stops with the worker;
+``beetle_outbox_listen = True`` makes it wake on NOTIFY (:mod:`.notify`). Several workers
 relaying side by side take disjoint rows (``SKIP LOCKED``). A separate ``beetle relay``
 process is the better choice when workers restart often or scale to zero.
 """
@@ -44,7 +45,8 @@ class OutboxRelayStep(bootsteps.StartStopStep):
         engine = engine_for(self.url)
         with app.connection_for_write() as conn:
             conn.ensure_connection(max_retries=None)
-            relay = Relay(engine, conn.channel())
+            listen = bool(app.conf.get("beetle_outbox_listen"))
+            relay = Relay(engine, conn.channel(), listen=listen)
             logger.info("beetle relay: relaying the outbox in this worker")
             relay.run(self.stop_event)
         engine.dispose()

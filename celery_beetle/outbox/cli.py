@@ -1,4 +1,4 @@
-"""``beetle relay`` and ``beetle outbox init|list|retry``: thin click commands over
+"""``beetle relay`` and ``beetle outbox init|list|retry|drop|sweep``: thin click commands over
 :mod:`celery_beetle.outbox`. Registered on ``beetle`` by :mod:`celery_beetle.cli`.
 
 The database URL comes from ``--db`` or ``$BEETLE_OUTBOX_DB`` (put URLs with passwords in
@@ -49,6 +49,8 @@ def _engine(db_url: str) -> Any:
 @click.option("--batch-size", default=500, show_default=True, type=click.IntRange(min=1))
 @click.option("--trace-dir", help="Trace events here (overrides the app's beetle_trace_dir).")
 @click.option("--once", is_flag=True, help="Relay what is due now, then exit.")
+@click.option("--listen", is_flag=True, help="Wake on the enqueues' NOTIFY (they send it with "
+              "beetle_outbox_notify = True) instead of polling alone.")  # fmt: skip
 def relay(
     db_url: str,
     broker_url: str | None,
@@ -56,6 +58,7 @@ def relay(
     batch_size: int,
     trace_dir: str | None,
     once: bool,
+    listen: bool,
 ) -> None:
     """Relay committed outbox rows to the brokers (run as many as you like side by side)."""
     from kombu import Connection
@@ -82,7 +85,7 @@ def relay(
         signal.signal(sig, lambda *_: stop.set())
     with Connection(broker_url, transport_options=options) as conn:
         conn.ensure_connection(max_retries=30)
-        the_relay = Relay(engine, conn.channel(), batch_size=batch_size)
+        the_relay = Relay(engine, conn.channel(), batch_size=batch_size, listen=listen)
         if once:
             while not stop.is_set():
                 result = the_relay.relay_once()
@@ -130,6 +133,7 @@ def list_aside(db_url: str, as_json: bool, limit: int) -> None:
     """The rows set aside, with their reasons; and how many wait in the outbox."""
     import sqlalchemy as sa
 
+    from celery_beetle.outbox.relay import held_back
     from celery_beetle.outbox.table import ASIDE, OUTBOX
 
     engine = _engine(db_url)
@@ -137,19 +141,44 @@ def list_aside(db_url: str, as_json: bool, limit: int) -> None:
         waiting = conn.execute(sa.select(sa.func.count()).select_from(OUTBOX)).scalar_one()
         rows = conn.execute(
             sa.select(
-                ASIDE.c.id, ASIDE.c.task_name, ASIDE.c.routing_key, ASIDE.c.moved_at, ASIDE.c.reason
+                ASIDE.c.id, ASIDE.c.task_name, ASIDE.c.routing_key, ASIDE.c.moved_at,
+                ASIDE.c.reason, ASIDE.c.ordering_key,
             )
             .order_by(ASIDE.c.moved_at)
             .limit(limit)
-        ).all()
+        ).all()  # fmt: skip
+        held = held_back(conn, {row.ordering_key for row in rows})
     if as_json:
         for row in rows:
-            click.echo(json.dumps({**row._asdict(), "moved_at": row.moved_at.isoformat()}))
+            click.echo(json.dumps({**row._asdict(), "moved_at": row.moved_at.isoformat(),
+                                   "holds_back": held.get(row.ordering_key, 0)}))  # fmt: skip
         return
     click.echo(f"{waiting} row(s) waiting to be relayed; {len(rows)} set aside")
     for row in rows:
         click.echo(f"{row.id}  {row.task_name}  -> {row.routing_key}  "
                    f"{row.moved_at:%Y-%m-%d %H:%M:%S}  {row.reason}")  # fmt: skip
+        if row.ordering_key is not None:
+            waiting_behind = held.get(row.ordering_key, 0)
+            click.echo(f"    ordering key {row.ordering_key!r}: {waiting_behind} later row(s) "
+                       f"wait for this one until it is retried or dropped "
+                       f"(beetle outbox retry|drop {row.id})")  # fmt: skip
+
+
+@outbox.command()
+@db_option
+@click.argument("ids", nargs=-1, required=True)
+def drop(db_url: str, ids: tuple[str, ...]) -> None:
+    """Delete rows set aside for good (IDS): their tasks never run, and the later rows of
+    their ordering keys go on."""
+    from celery_beetle.outbox.relay import drop_aside
+
+    dropped = drop_aside(_engine(db_url), ids)
+    for message_id in dropped:
+        click.echo(f"dropped {message_id}")
+    missing = set(ids) - set(dropped)
+    if missing:
+        click.echo(f"not set aside: {', '.join(sorted(missing))}", err=True)
+        sys.exit(1)
 
 
 @outbox.command()
@@ -173,3 +202,14 @@ def retry(db_url: str, ids: tuple[str, ...], everything: bool, message_ttl: floa
     if missing:
         click.echo(f"not set aside (or being retried): {', '.join(sorted(missing))}", err=True)
         sys.exit(1)
+
+
+@outbox.command()
+@db_option
+@click.option("--batch-size", default=500, show_default=True, type=click.IntRange(min=1))
+def sweep(db_url: str, batch_size: int) -> None:
+    """Delete inbox rows past their dedup window (the relay does it once a minute)."""
+    from celery_beetle.outbox.inbox import sweep as sweep_inbox
+
+    deleted = sweep_inbox(_engine(db_url), batch_size=batch_size, max_batches=1_000_000)
+    click.echo(f"deleted {deleted} expired inbox row(s)")

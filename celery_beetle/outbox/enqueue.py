@@ -72,6 +72,7 @@ def apply_async(
     *,
     countdown: float | None = None,
     eta: dt.datetime | None = None,
+    ordering_key: str | None = None,
     **options: Any,
 ) -> Any:
     """``task.apply_async(args, kwargs, **options)`` as a row in ``session``'s transaction.
@@ -79,13 +80,20 @@ def apply_async(
     Returns the AsyncResult; nothing is published until the transaction commits and the
     relay (``beetle relay``) picks the row up. ``task_id`` may be given (it must be unique:
     it is the dedup identity); by default a time-ordered id is made.
+
+    ``ordering_key``: tasks of one key are published in the order of their ids, each after
+    the one before it was confirmed (see :mod:`.relay` for what order means between
+    concurrent transactions); tasks of other keys are not held back.
     """
     app = task.app
     if app.conf.task_always_eager:
         raise OutboxError("task_always_eager is set: an eager task cannot wait in the outbox")
     now = dt.datetime.now(dt.timezone.utc)
     scheduled_at = _due(now, countdown, eta)
-    producer = _RowWriter(session, app, task.name, now, scheduled_at)
+    if ordering_key is not None and (not isinstance(ordering_key, str) or not ordering_key
+                                     or len(ordering_key) > 255):  # fmt: skip
+        raise OutboxError(f"ordering_key must be text of 1 to 255 characters, got {ordering_key!r}")
+    producer = _RowWriter(session, app, task.name, now, scheduled_at, ordering_key)
     options.pop("producer", None)
     options.pop("connection", None)
     task_id = options.pop("task_id", None) or new_id()
@@ -130,9 +138,11 @@ class _RowWriter:
         task_name: str,
         now: dt.datetime,
         scheduled_at: dt.datetime,
+        ordering_key: str | None = None,
     ) -> None:
         self.session, self.app, self.task_name = session, app, task_name
         self.now, self.scheduled_at = now, scheduled_at
+        self.ordering_key = ordering_key
 
     def publish(
         self,
@@ -193,8 +203,13 @@ class _RowWriter:
                 float(headers[EXPIRES_AT_HEADER]), dt.timezone.utc
             ),
             "attempts": 0,
+            "ordering_key": self.ordering_key,
         }
         self.session.execute(sa.insert(OUTBOX), [row])
+        if conf.get("beetle_outbox_notify"):
+            from celery_beetle.outbox.notify import notify
+
+            notify(self.session)
         _trace_after_commit(self.session, conf, message_id, routing_key, self.task_name, headers)
 
 

@@ -22,9 +22,20 @@ task runs once, as long as the store remembers the first publish (``expires_at``
 enqueue, is how long that is); a row past it is set aside for an operator, never published
 blind. A rolled-back transaction left no row, so its task never runs.
 
+Ordering keys: rows enqueued with one ``ordering_key`` are published one after another,
+each after the one before it was confirmed, in the order of their ids (:func:`claim_keyed`).
+*Order* is id order among the rows a pass can see, which is not always commit order: ids
+are made at enqueue, so of two transactions enqueueing for one key at once, the one with the
+later id may commit first and be published before the other commits. What holds is that a
+committed row is never overtaken by a row of its key with a later id, and that a row of a
+key set aside stops the key until an operator retries or drops it (other keys go on). To
+make commit order and id order one, serialize the writers of a key in the application
+(e.g. ``SELECT … FOR UPDATE`` on the key's business row before enqueueing): then a later
+enqueue starts after the earlier commit.
+
 Polling is adaptive: a full batch is followed by the next at once, an empty pass doubles the
-wait from ``min_interval_s`` up to ``max_interval_s`` (no LISTEN/NOTIFY: it takes a global
-lock at commit, and poolers break it).
+wait from ``min_interval_s`` up to ``max_interval_s``. LISTEN/NOTIFY wake-ups are opt-in
+(``listen=True`` and ``beetle_outbox_notify``; :mod:`.notify` says what they cost).
 """
 
 from __future__ import annotations
@@ -50,7 +61,15 @@ from kombu_beetle.envelope import InvalidExpiry
 from kombu_beetle.errors import MessageTooLarge, NoBrokerAvailable
 from kombu_beetle.publish import Outgoing
 
-__all__ = ["Relay", "RelayPass", "move_aside", "retry_aside"]
+__all__ = [
+    "Relay",
+    "RelayPass",
+    "claim_keyed",
+    "drop_aside",
+    "held_back",
+    "move_aside",
+    "retry_aside",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +106,9 @@ class Relay:
         min_interval_s: float = 0.01,
         max_interval_s: float = 0.5,
         confirm_timeout_s: float | None = None,
+        per_key: int = 100,
+        inbox_sweep_s: float = 60.0,
+        listen: bool = False,
         tracer: Any = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -98,6 +120,17 @@ class Relay:
         self.min_interval_s = min_interval_s
         self.max_interval_s = max_interval_s
         self.confirm_timeout_s = confirm_timeout_s
+        #: most rows of one ordering key per pass (each costs a confirm round trip)
+        self.per_key = per_key
+        #: how often the loop deletes expired inbox rows (when ``beetle_inbox`` exists)
+        self.inbox_sweep_s = inbox_sweep_s
+        self._next_sweep = 0.0
+        #: LISTEN for enqueues' NOTIFY between passes (:mod:`.notify`), else sleep
+        self.listener: Any = None
+        if listen:
+            from celery_beetle.outbox.notify import Listener
+
+            self.listener = Listener(engine)
         self.tracer = tracer if tracer is not None else channel.connection.tracer
         self.clock = clock
         self._declared: dict[str, float] = {}
@@ -113,35 +146,27 @@ class Relay:
         with self.engine.begin() as conn:
             claim = (
                 sa.select(OUTBOX)
-                .where(OUTBOX.c.scheduled_at <= now)
+                .where(OUTBOX.c.scheduled_at <= now, OUTBOX.c.ordering_key.is_(None))
                 .order_by(OUTBOX.c.scheduled_at, OUTBOX.c.id)
                 .limit(self.batch_size)
                 .with_for_update(skip_locked=True)
             )
             rows = [dict(row) for row in conn.execute(claim).mappings()]
-            result.claimed = len(rows)
-            if not rows:
+            sequences = claim_keyed(conn, now, self.batch_size, self.per_key)
+            result.claimed = len(rows) + sum(len(seq) for seq in sequences)
+            if not result.claimed:
                 return result
-            sendable: list[tuple[dict[str, Any], Outgoing]] = []
-            for row in rows:
-                reason = self._reason_to_set_aside(row, now)
-                if reason is None:
-                    try:
-                        sendable.append((row, _outgoing(row)))
-                        continue
-                    except (TypeError, ValueError, KeyError, OverflowError, struct.error) as exc:
-                        reason = f"bad payload: {type(exc).__name__}: {exc}"
-                result.aside[row["id"]] = reason
-            publisher = self.channel.publisher
-            outcomes = publisher.publish_many([o for _, o in sendable], self.confirm_timeout_s)
-            for (row, _), outcome in zip(sendable, outcomes, strict=True):
-                if outcome.ok:
-                    result.relayed.append(row["id"])
-                    result.degraded += outcome.degraded
-                elif isinstance(outcome.error, _ROW_ERRORS):
-                    result.aside[row["id"]] = f"{type(outcome.error).__name__}: {outcome.error}"
-                else:
-                    result.failed[row["id"]] = f"{type(outcome.error).__name__}: {outcome.error}"
+            # wave 0: the unordered rows and the head of each key; then each key's next row
+            # once the one before it was confirmed (a key stops at its first row not relayed)
+            self._send(rows + [seq[0] for seq in sequences], now, result)
+            for position in range(1, max((len(seq) for seq in sequences), default=0)):
+                relayed = set(result.relayed)
+                wave = [seq[position] for seq in sequences if len(seq) > position
+                        and seq[position - 1]["id"] in relayed]  # fmt: skip
+                if not wave:
+                    break
+                self._send(wave, now, result)
+            rows += [row for seq in sequences for row in seq]
             # the ``published`` events reach the disk before their rows are gone: a relay
             # killed after the commit must not leave a completion nobody published
             _flush_traces()
@@ -161,6 +186,32 @@ class Relay:
         self._trace(rows, result)
         self._add(result)
         return result
+
+    def _send(self, rows: list[dict[str, Any]], now: dt.datetime, result: RelayPass) -> None:
+        """Set aside what must not go, publish the rest (all in flight at once), and note
+        each row's outcome in ``result``."""
+        sendable: list[tuple[dict[str, Any], Outgoing]] = []
+        for row in rows:
+            reason = self._reason_to_set_aside(row, now)
+            if reason is None:
+                try:
+                    sendable.append((row, _outgoing(row)))
+                    continue
+                except (TypeError, ValueError, KeyError, OverflowError, struct.error) as exc:
+                    reason = f"bad payload: {type(exc).__name__}: {exc}"
+            result.aside[row["id"]] = reason
+        if not sendable:
+            return
+        publisher = self.channel.publisher
+        outcomes = publisher.publish_many([o for _, o in sendable], self.confirm_timeout_s)
+        for (row, _), outcome in zip(sendable, outcomes, strict=True):
+            if outcome.ok:
+                result.relayed.append(row["id"])
+                result.degraded += outcome.degraded
+            elif isinstance(outcome.error, _ROW_ERRORS):
+                result.aside[row["id"]] = f"{type(outcome.error).__name__}: {outcome.error}"
+            else:
+                result.failed[row["id"]] = f"{type(outcome.error).__name__}: {outcome.error}"
 
     def _reason_to_set_aside(self, row: Mapping[str, Any], now: dt.datetime) -> str | None:
         if row["expires_at"] <= now:
@@ -237,12 +288,13 @@ class Relay:
         passes = 0
         while not stop.is_set() and (max_passes is None or passes < max_passes):
             passes += 1
+            self._sweep_inbox()
             try:
                 result = self.relay_once()
             except (sa.exc.OperationalError, sa.exc.InterfaceError, NoBrokerAvailable,
                     ConnectionError, OSError) as exc:  # fmt: skip
                 logger.warning("beetle relay: pass failed, retrying in %.2fs: %s", wait, exc)
-                stop.wait(wait)
+                stop.wait(wait)  # not woken by a commit: the trouble may be the database
                 wait = min(wait * 2, self.max_interval_s)
                 continue
             if result.claimed >= self.batch_size:
@@ -252,7 +304,93 @@ class Relay:
                 wait = self.min_interval_s
             else:
                 wait = min(max(wait, self.min_interval_s) * 2, self.max_interval_s)
-            stop.wait(wait)
+            if self.listener is not None and self.listener.wait(wait, stop):
+                wait = self.min_interval_s  # a commit woke us: the next pass has rows
+            elif self.listener is None:
+                stop.wait(wait)
+        if self.listener is not None:
+            self.listener.close()
+
+    def _sweep_inbox(self) -> None:
+        """Expired inbox rows go, now and then, in small batches (a relay is the one
+        long-running process every outbox user has)."""
+        if time.monotonic() < self._next_sweep:
+            return
+        self._next_sweep = time.monotonic() + self.inbox_sweep_s
+        from celery_beetle.outbox.inbox import sweep
+        from celery_beetle.outbox.table import INBOX
+
+        try:
+            if sa.inspect(self.engine).has_table(INBOX.name):
+                sweep(self.engine)
+        except sa.exc.SQLAlchemyError as exc:
+            logger.warning("beetle relay: inbox sweep failed (next in %.0fs): %s",
+                           self.inbox_sweep_s, exc)  # fmt: skip
+
+
+def claim_keyed(
+    conn: sa.Connection, now: dt.datetime, limit: int, per_key: int
+) -> list[list[dict[str, Any]]]:
+    """Lock the keys this pass may relay and return their due rows, one list per key in
+    id order (at most ``limit`` rows in all, ``per_key`` of one key).
+
+    A key belongs to whoever locks its *head*, its row with the lowest id: ``SKIP LOCKED``
+    on the heads means another relay's key is skipped whole, so two relays never publish
+    rows of one key side by side. A key with a row set aside has no head here: its later
+    rows wait for an operator (``beetle outbox retry`` / ``drop``). A key's rows after its
+    first row not yet due wait for it too.
+    """
+    blocked = sa.exists().where(ASIDE.c.ordering_key == OUTBOX.c.ordering_key)
+    earlier = OUTBOX.alias("earlier")
+    has_earlier = sa.exists().where(
+        earlier.c.ordering_key == OUTBOX.c.ordering_key, earlier.c.id < OUTBOX.c.id
+    )
+    heads = (
+        sa.select(OUTBOX.c.ordering_key)
+        .where(
+            OUTBOX.c.ordering_key.is_not(None),
+            OUTBOX.c.scheduled_at <= now,
+            ~has_earlier,
+            ~blocked,
+        )
+        .order_by(OUTBOX.c.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    keys = list(conn.execute(heads).scalars())
+    if not keys:
+        return []
+    # not locked: no other relay takes a row of these keys while we hold their heads
+    ranked = (
+        sa.select(
+            OUTBOX,
+            sa.func.row_number()
+            .over(partition_by=OUTBOX.c.ordering_key, order_by=OUTBOX.c.id)
+            .label("position"),
+        )
+        .where(OUTBOX.c.ordering_key.in_(keys))
+        .subquery()
+    )
+    rows = conn.execute(
+        sa.select(*[ranked.c[c.name] for c in OUTBOX.columns])
+        .where(ranked.c.position <= per_key)
+        .order_by(ranked.c.ordering_key, ranked.c.id)
+    ).mappings()
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    stopped: set[str] = set()
+    for row in rows:
+        key = row["ordering_key"]
+        if key in stopped or row["scheduled_at"] > now:
+            stopped.add(key)
+            continue
+        by_key.setdefault(key, []).append(dict(row))
+    sequences, taken = [], 0
+    for key in keys:  # oldest head first
+        seq = by_key.get(key, [])[: max(0, limit - taken)]
+        if seq:
+            sequences.append(seq)
+            taken += len(seq)
+    return sequences
 
 
 def _outgoing(row: Mapping[str, Any]) -> Outgoing:
@@ -296,6 +434,30 @@ def move_aside(conn: sa.Connection, reasons: Mapping[str, str], now: dt.datetime
         for row in rows:
             logger.warning("beetle relay: set aside %s (%s): %s", row["id"], row["task_name"],
                            reasons[row["id"]])  # fmt: skip
+
+
+def drop_aside(engine: sa.Engine, ids: Iterable[str]) -> list[str]:
+    """Delete set-aside rows for good (an operator decided they must not run): the later
+    rows of their ordering keys go on. Returns the ids deleted."""
+    ids = list(ids)
+    if not ids:
+        return []
+    with engine.begin() as conn:
+        gone = conn.execute(sa.delete(ASIDE).where(ASIDE.c.id.in_(ids)).returning(ASIDE.c.id))
+        return [row.id for row in gone]
+
+
+def held_back(conn: sa.Connection, keys: Iterable[str]) -> dict[str, int]:
+    """How many outbox rows of each ordering key wait behind a row set aside."""
+    keys = [k for k in keys if k]
+    if not keys:
+        return {}
+    counts = conn.execute(
+        sa.select(OUTBOX.c.ordering_key, sa.func.count())
+        .where(OUTBOX.c.ordering_key.in_(keys))
+        .group_by(OUTBOX.c.ordering_key)
+    )
+    return {key: int(n) for key, n in counts}
 
 
 def retry_aside(

@@ -15,15 +15,23 @@ Columns: ``id`` is the message id and the Celery task id (:mod:`.ids`, time-orde
 ``properties`` its AMQP application headers and properties (JSON); ``declare`` the queues
 Celery would have declared before publishing (JSON, may be empty); ``expires_at`` is the
 message's ``x-beetle-expires-at``, fixed at enqueue so that a row relayed again after a
-restore carries the same expiry as its first publish.
+restore carries the same expiry as its first publish; ``ordering_key`` (may be null) puts
+the row in a sequence: rows of one key are published one after another in id order
+(:mod:`.relay`), and a row of the key set aside holds back the key's later rows.
+
+``beetle_inbox`` (:mod:`.inbox`) holds the message ids whose body committed its effects,
+one row per (scope, message id, step), until the dedup window ends (``expires_at``).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-__all__ = ["ASIDE", "OUTBOX", "create_tables", "drop_tables", "metadata"]
+__all__ = ["ASIDE", "INBOX", "OUTBOX", "create_tables", "drop_tables", "metadata"]
 
 metadata = sa.MetaData()
 
@@ -44,6 +52,7 @@ def _columns() -> list[sa.Column[object]]:
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("attempts", sa.Integer(), nullable=False, server_default="0"),
+        sa.Column("ordering_key", sa.String(255), nullable=True),
     ]
 
 
@@ -53,6 +62,13 @@ OUTBOX = sa.Table(
     *_columns(),
     sa.Column("last_error", sa.Text(), nullable=True),
     sa.Index("beetle_outbox_due", "scheduled_at", "id"),
+    # the heads of the keys, and a key's rows in order
+    sa.Index(
+        "beetle_outbox_key",
+        "ordering_key",
+        "id",
+        postgresql_where=sa.text("ordering_key IS NOT NULL"),
+    ),
 )
 
 ASIDE = sa.Table(
@@ -61,13 +77,53 @@ ASIDE = sa.Table(
     *_columns(),
     sa.Column("reason", sa.Text(), nullable=False),
     sa.Column("moved_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Index(
+        "beetle_outbox_aside_key",
+        "ordering_key",
+        postgresql_where=sa.text("ordering_key IS NOT NULL"),
+    ),
 )
+
+INBOX = sa.Table(
+    "beetle_inbox",
+    metadata,
+    sa.Column("scope", sa.String(255), primary_key=True),
+    sa.Column("message_id", sa.String(255), primary_key=True),
+    sa.Column("step", sa.String(64), primary_key=True, server_default=""),
+    sa.Column("task_name", sa.String(255), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Index("beetle_inbox_expires", "expires_at"),
+)
+
+#: columns added after the first release: ``create_tables`` adds them to older tables
+_ADDED = (("beetle_outbox", "ordering_key"), ("beetle_outbox_aside", "ordering_key"))
 
 
 def create_tables(bind: sa.Engine | sa.Connection) -> None:
-    """Create both tables if missing (``beetle outbox init``; Alembic users run the
-    migration in ``celery_beetle/outbox/migrations`` instead)."""
+    """Create the tables if missing, and add the columns of later releases to older ones
+    (``beetle outbox init``; Alembic users run the migrations in
+    ``celery_beetle/outbox/migrations`` instead)."""
     metadata.create_all(bind)
+    if bind.dialect.name == "postgresql":
+        with bind.begin() if isinstance(bind, sa.Engine) else _nothing(bind) as conn:
+            for table, column in _ADDED:
+                conn.execute(sa.text(
+                    f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} VARCHAR(255)"
+                ))  # fmt: skip
+            conn.execute(sa.text(
+                "CREATE INDEX IF NOT EXISTS beetle_outbox_key ON beetle_outbox "
+                "(ordering_key, id) WHERE ordering_key IS NOT NULL"
+            ))  # fmt: skip
+            conn.execute(sa.text(
+                "CREATE INDEX IF NOT EXISTS beetle_outbox_aside_key ON beetle_outbox_aside "
+                "(ordering_key) WHERE ordering_key IS NOT NULL"
+            ))  # fmt: skip
+
+
+@contextlib.contextmanager
+def _nothing(conn: sa.Connection) -> Iterator[sa.Connection]:
+    yield conn
 
 
 def drop_tables(bind: sa.Engine | sa.Connection) -> None:

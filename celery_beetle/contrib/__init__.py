@@ -1,0 +1,1 @@
+"""Integrations with other frameworks (each an optional extra)."""

@@ -1,7 +1,9 @@
 """A dead letter that cannot be stored: the message is handed back, never acked without it.
 
-``<queue>.dead`` declared beforehand with other arguments makes every worker's declaration
-of it fail (PRECONDITION_FAILED), so no dead letter can be published. The message must stay
+``<queue>.dead`` declared beforehand as a queue that holds nothing and refuses what comes
+(``x-max-length: 0``, ``x-overflow: reject-publish``): every broker nacks a dead letter, so
+none can be stored. (The transport consumes and publishes to a queue declared with other
+arguments as it is, so a mismatched declaration alone no longer blocks it.) The message must stay
 on its broker until the dead-letter queue works again, and then be dead-lettered once.
 """
 
@@ -26,7 +28,9 @@ def _block_dead_letters(brokers) -> None:
     for node in brokers.nodes:
         with node.connect(brokers.vhost) as connection:
             connection.channel().queue_declare(
-                "celery.dead", durable=True, arguments={"x-max-length": 1_000_000}
+                "celery.dead",
+                durable=True,
+                arguments={"x-max-length": 0, "x-overflow": "reject-publish"},
             )
 
 

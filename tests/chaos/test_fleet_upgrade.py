@@ -102,7 +102,8 @@ def _upgrade(chaos, brokers, spark, messages, name):
     old_workers = [run.start_worker(pyamqp_url, extra_env=plain) for _ in range(2)]
     publisher.start()
     run.wait_published(messages // 5)
-    assert _fleet_exit(brokers) == 2, "beetle fleet flags the plain consumers"
+    # the management API lists a new consumer after its next stats round (up to 5 s)
+    assert wait_until(lambda: _fleet_exit(brokers) == 2, timeout=30), "fleet flags plain ones"
     run.fault()
     # 1. publishers get the new code (BeetleTask), still on pyamqp://rabbit1
     publisher.phase = 1

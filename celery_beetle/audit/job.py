@@ -286,7 +286,8 @@ def run_audit(
         latency = [r.asDict() for r in latency_df.collect()]
         brokers_df = transforms.broker_deliveries(messages)
         brokers = sorted((r.asDict() for r in brokers_df.collect()), key=lambda r: r["broker"])
-        timeline = transforms.timeline(messages)
+        span = (totals[transforms.SPAN_KEYS[0]], totals[transforms.SPAN_KEYS[1]])
+        timeline = transforms.timeline(messages, span=span)
         samples = transforms.samples(messages, samples_per_class)
         samples["malformed_lines"] = [line[:300] for line in bad_lines]
         lap("summarise")

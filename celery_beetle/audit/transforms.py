@@ -181,43 +181,59 @@ def per_message(events: DataFrame) -> DataFrame:
     return keyed.groupBy("queue", "message_id").agg(*aggs)
 
 
-def timeline(classified: DataFrame, max_buckets: int = TIMELINE_BUCKETS) -> dict[str, Any]:
+def timeline(
+    classified: DataFrame,
+    max_buckets: int = TIMELINE_BUCKETS,
+    span: tuple[int | None, int | None] | None = None,
+) -> dict[str, Any]:
     """Messages first published (per broker they were published to), first started and
     first completed (per broker of the copy that ran), per time bucket: the picture of a
     stall after a fault and of the recovery. Buckets are a second wide, or wider so that
     there are at most ``max_buckets`` (a small table, whatever the length of the run).
 
+    ``span``: (first publish, last completion) in ms when the caller has them already
+    (:func:`totals` does); otherwise one more pass finds them. The buckets themselves take
+    one pass: each message becomes its entries (one per broker published to, its start, its
+    completion), exploded and counted.
+
     ``{"start_ms", "bucket_s", "rows": [{"bucket", "event", "broker", "messages"}]}``.
     """
     c = F.col
-    span = classified.agg(
-        F.min("first_published_ms").alias("lo"), F.max("first_completed_ms").alias("hi")
-    ).first()
-    if span is None or span["lo"] is None:
+    if span is None:
+        extent = classified.agg(
+            F.min("first_published_ms").alias("lo"), F.max("first_completed_ms").alias("hi")
+        ).first()
+        span = (extent["lo"], extent["hi"]) if extent is not None else (None, None)
+    lo, hi = span
+    if lo is None:
         return {"start_ms": None, "bucket_s": 1, "rows": []}
-    lo = span["lo"]
-    hi = span["hi"] if span["hi"] is not None else lo
+    hi = hi if hi is not None else lo
     bucket_s = max(1, math.ceil((hi - lo) / 1000 / max_buckets))
     width_ms = bucket_s * 1000
 
-    def at(column: str) -> Column:
-        return F.floor((c(column) - F.lit(lo)) / width_ms).cast("long").alias("bucket")
-
-    unknown = F.lit("?")
-    published = classified.select(
-        at("first_published_ms"),
-        F.lit("published").alias("event"),
-        F.explode_outer("published_brokers").alias("broker"),
-    ).where(c("bucket").isNotNull())
-    runs = [
-        classified.where(c(f"first_{e}_ms").isNotNull()).select(
-            at(f"first_{e}_ms"),
-            F.lit(e).alias("event"),
-            F.coalesce(c(f"{e}_broker"), unknown).alias("broker"),
+    def entry(column: str, event: str, broker: Column) -> Column:
+        bucket = F.floor((c(column) - F.lit(lo)) / width_ms).cast("long")
+        return F.struct(
+            bucket.alias("bucket"),
+            F.lit(event).alias("event"),
+            broker.cast("string").alias("broker"),
         )
-        for e in ("started", "completed")
-    ]
-    events = published.unionByName(runs[0]).unionByName(runs[1])
+
+    no_broker = F.array(F.lit(None).cast("string"))  # as explode_outer of an empty list
+    brokers = F.when(F.size("published_brokers") > 0, c("published_brokers")).otherwise(no_broker)
+    unknown = F.lit("?")
+    entries = F.concat(
+        F.transform(brokers, lambda broker: entry("first_published_ms", "published", broker)),
+        F.array(entry("first_started_ms", "started", F.coalesce(c("started_broker"), unknown))),
+        F.array(
+            entry("first_completed_ms", "completed", F.coalesce(c("completed_broker"), unknown))
+        ),
+    )
+    events = (
+        classified.select(F.explode(entries).alias("e"))
+        .select("e.*")
+        .where(c("bucket").isNotNull())
+    )
     rows = events.groupBy("bucket", "event", "broker").agg(F.count(F.lit(1)).alias("messages"))
     found = sorted(
         (r.asDict() for r in rows.collect()),
@@ -327,8 +343,14 @@ def classify(messages: DataFrame, skew_tolerance_ms: int = DEFAULT_SKEW_TOLERANC
 REDUNDANCY_KEYS = ("redundant_messages", "on_two_or_more_brokers", "on_one_broker")
 
 
-def totals(classified: DataFrame) -> dict[str, int]:
-    """Every whole-trace count in one pass: verdicts, retries and redundancy coverage."""
+#: ``totals``' extra keys: the first publish and the last completion, in ms (or None), for
+#: the timeline's span
+SPAN_KEYS = ("span_first_published_ms", "span_last_completed_ms")
+
+
+def totals(classified: DataFrame) -> dict[str, Any]:
+    """Every whole-trace count in one pass: verdicts, retries and redundancy coverage, and
+    the run's span (:data:`SPAN_KEYS`)."""
     c = F.col
     row = classified.agg(
         F.count(F.lit(1)).alias("messages"),
@@ -343,14 +365,20 @@ def totals(classified: DataFrame) -> dict[str, int]:
         F.count(F.when(c("redundant") & (c("n_published_brokers") == 1), True)).alias(
             "on_one_broker"
         ),
+        F.min("first_published_ms").alias(SPAN_KEYS[0]),
+        F.max("first_completed_ms").alias(SPAN_KEYS[1]),
     ).first()
     assert row is not None
-    return {k: int(v or 0) for k, v in row.asDict().items()}
+    values = row.asDict()
+    out = {k: int(v or 0) for k, v in values.items() if k not in SPAN_KEYS}
+    out.update({k: values[k] for k in SPAN_KEYS})  # None when nothing was published
+    return out
 
 
 def verdict_counts(classified: DataFrame) -> dict[str, int]:
     """Counts per verdict plus retry totals, from the classified per-message table."""
-    return {k: v for k, v in totals(classified).items() if k not in REDUNDANCY_KEYS}
+    skipped = (*REDUNDANCY_KEYS, *SPAN_KEYS)
+    return {k: v for k, v in totals(classified).items() if k not in skipped}
 
 
 def redundancy_coverage(classified: DataFrame) -> dict[str, int]:

@@ -11,6 +11,7 @@ publisher with :func:`make_app` on the same brokers:
 - ``BEETLE_TEST_TASK`` JSON BeetleTask options for the ``eo.*`` tasks
   (``timeout``, ``attempts``, ``exceptions``, ``delay``, ``max_delay``);
 - ``BEETLE_TEST_CONF`` JSON of more ``app.conf`` settings (e.g. ``beetle_redis_wait_replicas``);
+  with ``beetle_outbox_db`` in it, the worker relays the outbox too (``install_relay``);
 - ``BEETLE_TEST_SLOW`` a factor on ``eo.record``'s sleep (``0`` for a worker that must not
   sleep, e.g. the one taking over from a worker killed mid-sleep);
 - ``BEETLE_TEST_NEWER`` ``1`` registers ``eo.newer``, a task only the "newer version" of the
@@ -72,6 +73,10 @@ def make_app(
     app.conf.update(conf or {})
     if not plain:
         celery_beetle.install(app)
+    if app.conf.get("beetle_outbox_db"):
+        from celery_beetle.outbox import install_relay
+
+        install_relay(app)
     options = {**DEFAULT_OPTIONS, **(task_options or {})}
 
     def note(event: str, item: int) -> None:

@@ -128,7 +128,9 @@ class OutboxRun:
 
     # -- processes -----------------------------------------------------------------------
 
-    def start_worker(self, *, concurrency: int = 2) -> WorkerProcess:
+    def start_worker(
+        self, *, concurrency: int = 2, extra_env: dict[str, str] | None = None
+    ) -> WorkerProcess:
         out = self.base / f"worker{len(self.workers)}.out"
         out.touch()
         env = {
@@ -138,6 +140,7 @@ class OutboxRun:
             "BEETLE_TEST_OPTIONS": json.dumps(FAST),
             "BEETLE_TEST_TASK": json.dumps(TASK_OPTIONS),
             "BEETLE_TEST_TRACE": str(self.trace_dir),
+            **(extra_env or {}),
         }
         worker = WorkerProcess(
             "tests.exactly_once.app",

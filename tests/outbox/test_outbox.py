@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import sqlalchemy as sa
 
@@ -19,6 +20,18 @@ def test_a_committed_order_runs_once_and_a_rolled_back_one_never(outbox_run, out
     assert run.wait_all_done() == set()
     summary = run.judge(spark)
     assert summary["messages"] == 16  # the rolled-back ones left no trace at all
+
+
+def test_a_worker_relays_the_outbox_itself_with_install_relay(outbox_run, outbox_db, spark):
+    run = outbox_run("relay in a worker", outbox_db)
+    for item in range(10):
+        run.commit_order(item)
+    conf = {"BEETLE_TEST_CONF": json.dumps({"beetle_outbox_db": outbox_db})}
+    worker = run.start_worker(extra_env=conf)
+    assert run.wait_all_done() == set()
+    assert run.waiting_rows() == 0
+    assert "relaying the outbox in this worker" in worker.log_text()
+    run.judge(spark)
 
 
 def test_a_countdown_waits_in_the_table_until_due(outbox_run, outbox_db):

@@ -38,8 +38,12 @@ def test_beetle_workers_consume_a_quorum_queue_with_per_consumer_prefetch_and_ru
     for node in brokers.nodes:
         queue = node._api("GET", f"/api/queues/{brokers.vhost}/celery")
         assert queue["type"] == "quorum"
-        consumers = node._api("GET", f"/api/consumers/{brokers.vhost}")
-        on_celery = [c for c in consumers if c["queue"]["name"] == "celery"]
-        assert len(on_celery) == 2
+
+        def on_celery(node=node) -> list[dict]:
+            consumers = node._api("GET", f"/api/consumers/{brokers.vhost}")
+            return [c for c in consumers if c["queue"]["name"] == "celery"]
+
+        # the management API lists consumers after its next stats round (up to 5 s)
+        assert wait_until(lambda: len(on_celery()) == 2, timeout=30)
         # per consumer: Celery's prefetch (concurrency 2 x multiplier 4) on each consumer
-        assert {c["prefetch_count"] for c in on_celery} == {8}
+        assert {c["prefetch_count"] for c in on_celery()} == {8}

@@ -31,14 +31,25 @@ def django_db(postgres):
     from django.core.management import call_command
 
     url = postgres.create_database(f"dj_{uuid.uuid4().hex[:12]}")
+    names = ("BEETLE_DJANGO_DB", "DJANGO_SETTINGS_MODULE")
+    saved = {name: os.environ.get(name) for name in names}
     os.environ["BEETLE_DJANGO_DB"] = url.replace("postgresql+psycopg://", "postgresql://")
     os.environ["DJANGO_SETTINGS_MODULE"] = "tests.django_project.settings"
     django.setup()
     call_command("migrate", verbosity=0)
-    yield url
-    from django.db import connections
+    try:
+        yield url
+    finally:
+        from django.db import connections
 
-    connections.close_all()
+        connections.close_all()
+        # a worker started by a later test inherits the environment: with this left set,
+        # Celery's Django fix-up would set up this project in it (and fail outside the repo)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def test_the_django_migration_makes_the_tables_the_relay_reads(django_db):

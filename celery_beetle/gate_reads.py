@@ -90,6 +90,8 @@ class PipelinedReads:
         #: requests answered and the seconds they waited, in all (read by the metrics)
         self.answered = 0
         self.waited_s = 0.0
+        #: called after each batch of replies was handled (the gate writes its trace events)
+        self.after_batch: Callable[[], None] = lambda: None
 
     def read(self, facts: MessageFacts, callback: ReadCallback) -> None:
         """Ask for the record of ``facts``; the batch goes out at the end of this loop pass."""
@@ -182,6 +184,8 @@ class PipelinedReads:
                     raise redis.exceptions.ConnectionError("unexpected reply on the gate's reads")
         except Exception as exc:
             self._fail(exc)
+        finally:
+            self.after_batch()
 
     @staticmethod
     def _replies(connection: Any, count: int) -> tuple[list[Any], BaseException | None]:

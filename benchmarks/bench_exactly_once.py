@@ -32,7 +32,9 @@ default empty body, which measures nothing but the per-message overhead. ``--bre
 times a plain task over ``beetle://`` (one copy) and a BeetleTask over ``pyamqp://`` (one
 copy, deduplicated), to show what the transport and the dedup each cost. ``--observability``
 times BeetleTask with trace events and Prometheus metrics on (scraped every second) against
-both off.
+both off, in tasks/s and in CPU time per task of the worker's processes (first run to last),
+which moves far less than tasks/s with whatever else shares the two cores; it prints how
+much off's own rounds differ (the noise) beside the ratios.
 
 Brokers come from ``benchmarks/_nodes.py`` (``BEETLE_BENCH_PORTS`` or throwaway nodes); Redis
 is a throwaway ``redis-server`` on a free port. This module is also the workers' Celery app
@@ -166,8 +168,10 @@ def run_worker(
     tmp: Path,
     trace_dir: str = "",
     extra_env: dict[str, str] | None = None,
+    cpu_us: list[float] | None = None,
 ) -> tuple[float, list[dict[str, Any]]]:
-    """Start a worker on a filled queue; return (tasks/s, its stats lines)."""
+    """Start a worker on a filled queue; return (tasks/s, its stats lines). ``cpu_us``
+    gets the CPU time its processes spent per task (µs, user + system)."""
     out, stats, log = tmp / f"{queue}.out", tmp / f"{queue}.stats", tmp / f"{queue}.log"
     env = {
         **os.environ,
@@ -191,10 +195,17 @@ def run_worker(
         proc = subprocess.Popen(args, env=env, stdout=log_file, stderr=subprocess.STDOUT, cwd=ROOT)
     deadline = time.monotonic() + 300
     try:
-        while _lines(out) < tasks:
+        # CPU of the worker's process tree from the first run to the last, sampled on a short
+        # poll: unlike tasks/s, CPU per task hardly moves with what else the machine runs
+        first_cpu = None
+        while (done := _lines(out)) < tasks:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"worker stopped early:\n{log.read_text()[-3000:]}")
-            time.sleep(0.2)
+            if first_cpu is None and done:
+                first_cpu, first_done = _tree_cpu_s(proc.pid), done
+            time.sleep(0.02)
+        if cpu_us is not None and first_cpu is not None:
+            cpu_us.append((_tree_cpu_s(proc.pid) - first_cpu) * 1e6 / (tasks - first_done))
         time.sleep(1.0)  # let the last copies be gated and acked
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -206,6 +217,22 @@ def run_worker(
     if len(stamps) != tasks:
         print(f"  WARNING: {queue}: {len(stamps)} runs for {tasks} tasks", file=sys.stderr)
     return rate, lines
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its descendants, from /proc (Linux)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            children = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:
+            continue  # exited meanwhile
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        todo.extend(int(c) for c in children)
+    return total
 
 
 def _lines(path: Path) -> int:
@@ -330,6 +357,7 @@ def observability_overhead(both: str, redis_url: str, opts: Any, tmp: Path) -> N
 
     variants = ("off", "trace", "trace+metrics")
     rates: dict[str, list[float]] = {v: [] for v in variants}
+    cpu: dict[str, list[float]] = {v: [] for v in variants}
     scrapes = [0]
     for n in range(opts.rounds):
         for variant in variants:
@@ -346,16 +374,23 @@ def observability_overhead(both: str, redis_url: str, opts: Any, tmp: Path) -> N
             try:
                 rate, _ = run_worker(
                     both, redis_url, queue, opts.tasks, opts.pool, opts.concurrency, tmp,
-                    trace_dir, extra_env=env,
+                    trace_dir, extra_env=env, cpu_us=cpu[variant],
                 )  # fmt: skip
             finally:
                 stop.set()
             rates[variant].append(rate)
-            print(f"  round {n + 1}, {variant}: {rate:6.0f} tasks/s")
+            used = cpu[variant][-1]
+            print(f"  round {n + 1}, {variant}: {rate:6.0f} tasks/s, {used:5.0f} µs CPU/task")
     off = statistics.median(rates["off"])
+    off_cpu = statistics.median(cpu["off"])
     for variant in variants:
-        median = statistics.median(rates[variant])
-        print(f"BeetleTask, {variant + ':':24}{median:7.0f} tasks/s  ({median / off:.2f} of off)")
+        median, cost = statistics.median(rates[variant]), statistics.median(cpu[variant])
+        print(
+            f"BeetleTask, {variant + ':':24}{median:7.0f} tasks/s  ({median / off:.2f} of off)"
+            f"  {cost:5.0f} µs CPU/task  ({off_cpu / cost:.2f} of off's throughput per CPU)"
+        )
+    spread = statistics.pstdev(cpu["off"]) / off_cpu if len(cpu["off"]) > 1 else 0.0
+    print(f"(noise: off's CPU/task varies by {spread:.1%} between rounds)")
     print(f"({scrapes[0]} scrapes of the metrics endpoint)")
 
 

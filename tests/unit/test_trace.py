@@ -74,6 +74,56 @@ def test_outcome_events_are_written_through_so_kill_minus_9_keeps_them(tmp_path)
     assert [r["event"] for r in _lines(tmp_path)] == ["started", "completed"]
 
 
+def test_deferred_outcome_events_wait_for_the_callers_flush_owed(tmp_path):
+    w = _writer(tmp_path, defer_sync=True)
+    w.emit("delivered", "m1", "q")
+    w.flush_owed()  # nothing settled yet: no write
+    assert _lines(tmp_path) == []
+    w.emit("completed", "m1", "q", attempt=1)
+    assert _lines(tmp_path) == []
+    w.flush_owed()
+    assert [r["event"] for r in _lines(tmp_path)] == ["delivered", "completed"]
+    w.emit("duplicate", "m1", "q")
+    w.flush_owed()  # owed nothing since the last write
+    assert len(_lines(tmp_path)) == 2
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        0,
+        -12,
+        2**70,
+        True,
+        False,
+        1.5,
+        float("nan"),
+        "plain",
+        'quote " and \\ backslash',
+        "control \n\t\x00 and unicode é \u2603 \U0001f600",
+        {"redelivered": False, "n": 3, "text": "é"},
+        {"nested": {"a": [1, "b", None]}, "f": 0.25},
+        {1: "non-string key"},
+        ["a", 1],
+        object(),
+        b"bytes",
+    ],
+)
+def test_lines_are_written_exactly_as_json_dumps_writes_them(tmp_path, value):
+    """The writer fills a template instead of calling json.dumps per event; the text must
+    not differ in any way a reader could notice."""
+    w = _writer(tmp_path, worker="celery@h1")
+    fields = dict(task_name=value, task_id=value, broker=value, attempt=value, detail=value)
+    w.emit("started", "m1", "q", **fields)
+    w.flush()
+    (path,) = tmp_path.glob("*.jsonl")
+    record = {"ts_ms": 1_763_769_600_000, "event": "started", "message_id": "m1", "queue": "q"}
+    record.update(fields, worker="celery@h1", pid=os.getpid())
+    record = {name: record[name] for name in FIELDS}
+    assert path.read_text() == json.dumps(record, separators=(",", ":"), default=str) + "\n"
+
+
 def test_full_buffer_wakes_the_flusher_thread(tmp_path):
     w = _writer(tmp_path, buffer_bytes=1, flush_interval_s=30)
     w.emit("delivered", "m1", "q")

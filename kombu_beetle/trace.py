@@ -149,7 +149,7 @@ def _json(value: Any) -> str:
     """``value`` as :func:`json.dumps` writes it in a line (strings and ints the quick way)."""
     kind = type(value)
     if kind is str:
-        return _encode_str(value)  # type: ignore[no-any-return]
+        return _encode_str(value)
     if value is None:
         return "null"
     if kind is int:
@@ -172,6 +172,9 @@ class Tracer(Protocol):
     def flush(self) -> None:
         """Write buffered events now."""
 
+    def flush_owed(self) -> None:
+        """Write buffered events if an outcome event waits (``defer_sync``)."""
+
     def close(self) -> None:
         """Flush and release the file."""
 
@@ -185,6 +188,9 @@ class NullTracer:
         return None
 
     def flush(self) -> None:
+        return None
+
+    def flush_owed(self) -> None:
         return None
 
     def close(self) -> None:

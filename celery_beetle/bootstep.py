@@ -148,12 +148,17 @@ class BeetleGateStep(bootsteps.StartStopStep):
         reads = pipelined_reads_for(self.store, getattr(c, "hub", None), GATE_SOCKET_TIMEOUT_S)
         # a batch does not WAIT for replicas: with wait_replicas the gate reads, the pool claims
         claims = reads is not None and not self.store.wait_replicas
-        # the gate writes a batch's outcome events at once, after the batch (``after_batch``),
-        # not a write per ``completed`` event on the worker's event loop; a batch that settled
-        # nothing leaves its events to the writer's thread
-        tracer = get_tracer(settings.trace_dir, role="gate", defer_sync=reads is not None)
-        if reads is not None and getattr(tracer, "enabled", False):
-            reads.after_batch = tracer.flush_owed
+        # the gate writes a batch's outcome events at once, after the batch (its
+        # ``after_batch``), not a write per ``completed`` event on the worker's event loop; a
+        # batch that settled nothing leaves its events to the writer's thread
+        # a copy dropped because the store says "completed" is the evidence of a completion
+        # whose own event died with its worker: it is written before its ack too
+        outcomes = ["completed", "dead_lettered", "expired"]
+        if reads is not None:
+            outcomes.append("duplicate")
+        tracer = get_tracer(
+            settings.trace_dir, role="gate", defer_sync=reads is not None, sync_events=outcomes
+        )
         return DeliveryGate(
             store=self.store,
             call_later=call_later,

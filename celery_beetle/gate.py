@@ -212,6 +212,11 @@ class DeliveryGate(BadInputHandling):
         self._claims = 0
         self.paused_at = 0.0
         self._owner_base = f"{secrets.token_hex(3)}@{self.worker or socket.gethostname()}"
+        #: acks of completions stored in this batch, made once their events are written
+        self._acks_after_trace: list[Callable[[], None]] = []
+        self._trace_before_ack = self.reads is not None and getattr(self.tracer, "enabled", False)
+        if self.reads is not None and self._trace_before_ack:
+            self.reads.after_batch = self.after_batch
 
     # -- entry point -----------------------------------------------------------------------
 
@@ -521,6 +526,11 @@ class DeliveryGate(BadInputHandling):
                 detail = {"runtime_ms": runtime} if runtime is not None else None
                 pid = header.get(PID_MARK)
                 self._trace_run("completed", facts, message, claim.attempt, detail, pid)
+                if self._acking_after_trace():
+                    # the ``completed`` event is written before the ack, once for the batch:
+                    # a worker killed in between must not leave a trace that reads "lost"
+                    self._acks_after_trace.append(ack)
+                    return
             elif fence.status is not Status.COMPLETED:
                 self.stats["lease_lost"] += 1
                 header[COMPLETED_MARK] = False  # its twin goes through the gate again
@@ -537,6 +547,21 @@ class DeliveryGate(BadInputHandling):
 
         assert self.reads is not None
         self.reads.complete(facts, claim.token, answered)
+
+    def _acking_after_trace(self) -> bool:
+        """In a batch of replies, with tracing on: acks of settled messages wait for
+        :meth:`after_batch`, which writes their events first."""
+        return self._trace_before_ack and getattr(self.reads, "in_batch", False)
+
+    def after_batch(self) -> None:
+        """After a batch of Redis replies: write its outcome events, then make its acks."""
+        self.tracer.flush_owed()
+        acks, self._acks_after_trace = self._acks_after_trace, []
+        for make_ack in acks:
+            try:
+                make_ack()
+            except Exception:  # the connection went: the copy comes back, a duplicate
+                logger.exception("beetle: cannot ack a completed message")
 
     def _release_later(self, facts: MessageFacts, owner: str) -> None:
         """Release a claim by its owner now, or once Redis answers again."""
@@ -581,7 +606,12 @@ class DeliveryGate(BadInputHandling):
         self.stats[event] += 1
         detail = {"status": status.value} if status is not None else None
         self._trace(event, d.facts.message_id, d.facts.scope, d.task_name, d.message, detail)
-        ack(d.message)
+        if status is Status.COMPLETED and self._acking_after_trace():
+            # the evidence that the message completed when its own ``completed`` event died
+            # with a killed worker: written before the copy is acked away
+            self._acks_after_trace.append(lambda: ack(d.message))
+        else:
+            ack(d.message)
         return event
 
     def _defer(self, d: Delivery, delay_ms: int, running: bool) -> str:

@@ -92,6 +92,8 @@ class PipelinedReads:
         self.waited_s = 0.0
         #: called after each batch of replies was handled (the gate writes its trace events)
         self.after_batch: Callable[[], None] = lambda: None
+        #: True while a batch's replies are being handled (``after_batch`` follows)
+        self.in_batch = False
 
     def read(self, facts: MessageFacts, callback: ReadCallback) -> None:
         """Ask for the record of ``facts``; the batch goes out at the end of this loop pass."""
@@ -169,6 +171,7 @@ class PipelinedReads:
         connection = self._connection
         if connection is None:
             return
+        self.in_batch = True
         try:
             while self._pending:
                 sent_at, request = self._pending[0]
@@ -185,6 +188,7 @@ class PipelinedReads:
         except Exception as exc:
             self._fail(exc)
         finally:
+            self.in_batch = False
             self.after_batch()
 
     @staticmethod

@@ -7,6 +7,7 @@ calls here answer when the test says a loop pass ended (``flush``), as the batch
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,7 @@ from celery_beetle.fake_store import FakeStore
 from celery_beetle.gate import DeliveryGate
 from celery_beetle.outcome import Limits
 from celery_beetle.state import MessageFacts, Status
+from kombu_beetle.trace import TraceWriter
 from tests.unit.test_gate import NOW_MS, Clock, Message, QoS, Timer
 
 LIMITS = Limits(lease_timeout_ms=10_000, attempts=3, exceptions=2, delay_ms=1_000)
@@ -31,6 +33,8 @@ class Calls:
         self.queued: list[tuple[Callable[[], Any], Callable[[Any, Any], None]]] = []
         self.failing: BaseException | None = None
         self.kinds: list[str] = []
+        self.after_batch: Callable[[], None] = lambda: None
+        self.in_batch = False
 
     def read(self, facts: MessageFacts, callback: Any) -> None:
         self.kinds.append("read")
@@ -49,16 +53,19 @@ class Calls:
 
     def flush(self, error: BaseException | None = None) -> None:
         queued, self.queued = self.queued, []
+        self.in_batch = True
         for call, callback in queued:
             error = error or self.failing
             if error is not None:
                 callback(None, error)
             else:
                 callback(call(), None)
+        self.in_batch = False
+        self.after_batch()
 
 
 class Harness:
-    def __init__(self) -> None:
+    def __init__(self, tracer: Any = None) -> None:
         self.clock = Clock()
         self.timer = Timer(self.clock)
         self.store = FakeStore(clock=self.clock)
@@ -76,6 +83,7 @@ class Harness:
             reads=self.calls,
             claims_for=lambda message, name: LIMITS,
             worker="celery@here",
+            **({"tracer": tracer} if tracer is not None else {}),
         )
 
     def deliver(self, message: Message) -> str:
@@ -229,3 +237,48 @@ def test_a_release_redis_refuses_for_another_reason_does_not_hold_up_the_others(
     h.gate._release_later(good, "owner-good")
     assert h.store.peek("jobs", "good").status is Status.PENDING
     assert not h.gate._to_release
+
+
+def test_a_completion_is_traced_before_its_ack_and_written_once_per_batch(tmp_path):
+    """The gate's ``completed`` event is in the file before the message is acked: a worker
+    killed between the two must not leave a trace that reads "lost"."""
+    tracer = TraceWriter(tmp_path, role="gate", defer_sync=True, flush_interval_s=3600)
+    h = Harness(tracer=tracer)
+    messages = [Message(message_id=f"m{n}") for n in range(3)]
+    for message in messages:
+        h.deliver(message)
+    h.calls.flush()
+    written_at_ack: list[list[str]] = []
+
+    def events() -> list[str]:
+        return [json.loads(line)["event"] for path in tmp_path.glob("*.jsonl")
+                for line in path.read_text().splitlines()]  # fmt: skip
+
+    for message, done in h.started:
+        message.ack = lambda: written_at_ack.append(events())  # type: ignore[method-assign]
+        assert h.succeed(message, done)
+    assert h.acked == [] and events().count("completed") == 0  # not stored yet
+    h.calls.flush()  # one batch stores the three completions
+    assert len(h.acked) == 3
+    assert all(seen.count("completed") == 3 for seen in written_at_ack)
+
+
+def test_a_copy_dropped_as_completed_is_traced_before_its_ack(tmp_path):
+    """A redelivered copy dropped because the store says "completed" is the audit's evidence
+    when the run's own ``completed`` event died with its worker: written before the ack."""
+    tracer = TraceWriter(tmp_path, role="gate", defer_sync=True, flush_interval_s=3600)
+    tracer.sync_events = frozenset({"completed", "duplicate"})
+    h = Harness(tracer=tracer)
+    facts = h.facts()
+    claim = h.store.claim(facts, LIMITS, "celery@elsewhere")
+    assert h.store.complete(facts, claim.token).ok
+    copy = Message()
+    seen_at_ack: list[str] = []
+    copy.ack = lambda: seen_at_ack.extend(  # type: ignore[method-assign]
+        json.loads(line)["event"]
+        for path in tmp_path.glob("*.jsonl")
+        for line in path.read_text().splitlines()
+    )
+    h.deliver(copy)
+    h.calls.flush()
+    assert seen_at_ack == ["delivered", "duplicate"]

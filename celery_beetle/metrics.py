@@ -66,6 +66,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -144,16 +145,18 @@ class _Metrics:
 
 #: None until :func:`activate`: a worker without metrics counts nothing
 _metrics: _Metrics | None = None
+_creating = threading.Lock()
 
 
 def activate() -> None:
     """Count from now on (the worker's step calls it before the pool forks, so the pool's
     processes count too). Raises ImportError without prometheus_client."""
     global _metrics
-    if _metrics is None:
-        import prometheus_client
+    with _creating:  # once, whichever thread asks first
+        if _metrics is None:
+            import prometheus_client
 
-        _metrics = _Metrics(prometheus_client)
+            _metrics = _Metrics(prometheus_client)
 
 
 def _get() -> _Metrics | None:

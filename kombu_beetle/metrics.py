@@ -31,6 +31,7 @@ per copy.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -73,17 +74,22 @@ class _Metrics:
 
 _UNSET: Any = object()
 _metrics: Any = _UNSET
+#: Two threads' first publishes (two relays in one process) must not both register the
+#: metrics: the registry refuses a name twice, and the loser's publish would fail.
+_creating = threading.Lock()
 
 
 def _get() -> _Metrics | None:
     global _metrics
     if _metrics is _UNSET:
-        try:
-            import prometheus_client
-        except ImportError:
-            _metrics = None
-        else:
-            _metrics = _Metrics(prometheus_client)
+        with _creating:
+            if _metrics is _UNSET:
+                try:
+                    import prometheus_client
+                except ImportError:
+                    _metrics = None
+                else:
+                    _metrics = _Metrics(prometheus_client)
     return _metrics
 
 

@@ -109,3 +109,31 @@ def test_a_metrics_port_in_use_stops_the_worker_with_a_clear_error(monkeypatch):
         )
         with pytest.raises(ImproperlyConfigured, match=f"cannot serve metrics on 127.0.0.1:{port}"):
             BeetleGateStep._serve_metrics(step)  # type: ignore[arg-type]
+
+
+def test_threads_that_publish_first_at_once_register_the_metrics_once(monkeypatch):
+    """Two relays in one process publish their first message together: one registers the
+    transport's metrics, the other uses them (the registry refuses a name twice)."""
+    import threading
+    import time
+
+    from kombu_beetle import metrics as transport_metrics
+
+    made: list[int] = []
+
+    def slow_metrics(prom):
+        time.sleep(0.05)  # the window two threads raced through
+        made.append(1)
+        return SimpleNamespace()
+
+    monkeypatch.setattr(transport_metrics, "_metrics", transport_metrics._UNSET)
+    monkeypatch.setattr(transport_metrics, "_Metrics", slow_metrics)
+    got: list[object] = []
+    threads = [
+        threading.Thread(target=lambda: got.append(transport_metrics._get())) for _ in range(8)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert made == [1] and len(got) == 8 and len({id(m) for m in got}) == 1

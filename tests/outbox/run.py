@@ -177,6 +177,15 @@ class OutboxRun:
         self.relays.append(proc)
         return proc
 
+    def wait_relays_ready(self, timeout: float = 60) -> None:
+        """Until every relay started says it is relaying (a loaded machine starts a Python
+        process in seconds, long enough for the first relay to take every row alone)."""
+
+        def ready() -> bool:
+            return self.relay_logs().count("beetle relay: relaying") >= len(self.relays)
+
+        assert wait_until(ready, timeout=timeout), self.relay_logs()[-2000:]
+
     def relay_logs(self) -> str:
         return "\n".join(
             p.read_text(errors="replace") for p in sorted(self.base.glob("relay*.log"))

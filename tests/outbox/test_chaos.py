@@ -60,6 +60,7 @@ def test_two_relays_side_by_side(outbox_run, outbox_db, spark, orders):
     run.start_worker()
     run.start_relay(batch_size=10)
     run.start_relay(batch_size=10)
+    run.wait_relays_ready()
     run.commit_orders(range(orders), interval_s=0.002)
     assert wait_until(lambda: run.waiting_rows() == 0, timeout=60)
     assert run.wait_all_done() == set()

@@ -50,8 +50,8 @@ __all__ = ["AuditResult", "build_session", "local_input_bytes", "main", "run_aud
 MALFORMED_PARTITION = "malformed"
 #: Input per partition of the one shuffle. The grouping holds a partition's messages as JVM
 #: objects (about 3 KB each) until its task ends: at 128 MiB (60,000 messages a task) they
-#: outlived young collections and the grouping spent a third of its time in GC; at 32 MiB
-#: it spends a quarter of that. Tasks are still long enough (about 0.5 s) to cost nothing.
+#: outlived young collections, and 10 M events spent 22.8 s of task time in GC; at 32 MiB,
+#: 6-7 s (its CPU time rose somewhat: more, smaller tasks).
 SHUFFLE_BYTES_PER_PARTITION = 32 * 1024 * 1024
 #: Set by :func:`build_session` when the caller chose the shuffle partitions itself.
 SHUFFLE_PARTITIONS_SET = "spark.beetle.audit.shufflePartitionsSet"

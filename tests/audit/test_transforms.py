@@ -336,3 +336,27 @@ def test_the_timeline_counts_published_started_and_completed_per_second_and_brok
     }
     html = (tmp_path / "out" / "report.html").read_text()
     assert "Over time" in html and 'alt="published, started and completed per second"' in html
+
+
+def test_when_nothing_completed_the_overall_latency_is_empty_not_missing(spark, tmp_path, trace):
+    from celery_beetle.audit import job
+
+    trace.published("lost", 10.0).published("also-lost", 11.0)
+    trace.write(tmp_path / "trace")
+    summary = job.run_audit(spark, str(tmp_path / "trace"), str(tmp_path / "out")).summary
+    assert summary["lost"] == 2 and summary["latency_by_task"] == []
+    assert summary["latency_ms"]["publish_to_start"] == {"p50": None, "p90": None, "p99": None}
+    assert summary["samples"]["lost"] == ["q/also-lost", "q/lost"]  # the first ids, in order
+
+
+def test_a_parsed_malformed_line_is_shown_without_task_id(spark, tmp_path, trace):
+    from celery_beetle.audit import job
+
+    trace.published("ok", 10.0).run("ok", 10.5, 11.0)
+    line = {"ts_ms": 1, "event": "teleported", "message_id": "m", "queue": "q", "task_id": "t"}
+    trace.raw(json.dumps(line))
+    trace.write(tmp_path / "trace")
+    summary = job.run_audit(spark, str(tmp_path / "trace"), str(tmp_path / "out")).summary
+    assert summary["malformed_lines"] == 1
+    [shown] = summary["samples"]["malformed_lines"]
+    assert '"event":"teleported"' in shown and "task_id" not in shown

@@ -150,9 +150,9 @@ class BeetleGateStep(bootsteps.StartStopStep):
         claims = reads is not None and not self.store.wait_replicas
         # the gate writes a batch's outcome events at once, after the batch (its
         # ``after_batch``), not a write per ``completed`` event on the worker's event loop; a
-        # batch that settled nothing leaves its events to the writer's thread
-        # a copy dropped because the store says "completed" is the evidence of a completion
-        # whose own event died with its worker: it is written before its ack too
+        # batch that settled nothing leaves its events to the writer's thread. A copy dropped
+        # because the store says "completed" is the evidence of a completion whose own event
+        # died with its worker: it is written before its ack too (DeliveryGate.after_batch)
         outcomes = ["completed", "dead_lettered", "expired"]
         if reads is not None:
             outcomes.append("duplicate")

@@ -151,8 +151,9 @@ class BeetleGateStep(bootsteps.StartStopStep):
         # the gate writes a batch's outcome events at once, after the batch (its
         # ``after_batch``), not a write per ``completed`` event on the worker's event loop; a
         # batch that settled nothing leaves its events to the writer's thread. A copy dropped
-        # because the store says "completed" is the evidence of a completion whose own event
-        # died with its worker: it is written before its ack too (DeliveryGate.after_batch)
+        # in a batch (a ``duplicate``, an ``expired``) is written before its ack too, like a
+        # completion (DeliveryGate.after_batch): a ``duplicate`` of a completed message is the
+        # evidence of a completion whose own event died with its worker
         outcomes = ["completed", "dead_lettered", "expired"]
         if reads is not None:
             outcomes.append("duplicate")

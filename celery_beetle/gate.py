@@ -606,9 +606,10 @@ class DeliveryGate(BadInputHandling):
         self.stats[event] += 1
         detail = {"status": status.value} if status is not None else None
         self._trace(event, d.facts.message_id, d.facts.scope, d.task_name, d.message, detail)
-        if status is Status.COMPLETED and self._acking_after_trace():
-            # the evidence that the message completed when its own ``completed`` event died
-            # with a killed worker: written before the copy is acked away
+        if self._acking_after_trace():
+            # a dropped copy's event is the audit's evidence of how it was settled (a
+            # ``duplicate`` of a completed message whose own ``completed`` event died with its
+            # worker, an ``expired``): written before the copy is acked away
             self._acks_after_trace.append(lambda: ack(d.message))
         else:
             ack(d.message)

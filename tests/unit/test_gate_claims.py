@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 
 from celery_beetle.facts import CLAIM_MARK, COMPLETED_MARK, FACTS_HEADER, GateClaim
 from celery_beetle.fake_store import FakeStore
@@ -58,8 +59,13 @@ class Calls:
             error = error or self.failing
             if error is not None:
                 callback(None, error)
+                continue
+            try:
+                value = call()
+            except Exception as exc:  # an error reply: for this call only
+                callback(None, exc)
             else:
-                callback(call(), None)
+                callback(value, None)
         self.in_batch = False
         self.after_batch()
 
@@ -282,3 +288,78 @@ def test_a_copy_dropped_as_completed_is_traced_before_its_ack(tmp_path):
     h.deliver(copy)
     h.calls.flush()
     assert seen_at_ack == ["delivered", "duplicate"]
+
+
+def test_a_copy_that_expires_before_its_claim_is_answered_is_traced_before_its_ack(tmp_path):
+    tracer = TraceWriter(tmp_path, role="gate", defer_sync=True, flush_interval_s=3600)
+    tracer.sync_events = frozenset({"completed", "duplicate", "expired"})
+    h = Harness(tracer=tracer)
+    copy = Message()
+    seen_at_ack: list[str] = []
+    copy.ack = lambda: seen_at_ack.extend(  # type: ignore[method-assign]
+        json.loads(line)["event"]
+        for path in tmp_path.glob("*.jsonl")
+        for line in path.read_text().splitlines()
+    )
+    h.deliver(copy)
+    h.clock.ms += 86_400_001  # past the message's TTL before Redis answers the claim
+    h.calls.flush()
+    assert seen_at_ack == ["delivered", "expired"]
+    assert h.gate.stats["expired"] == 1
+
+
+def test_in_a_batch_only_the_stored_completions_are_acked_after_their_events(tmp_path):
+    """One completion of the batch is stored, the other gets an error reply: the first is
+    acked after its ``completed`` event is written; the second is neither traced nor acked
+    until Redis takes it."""
+    tracer = TraceWriter(tmp_path, role="gate", defer_sync=True, flush_interval_s=3600)
+    h = Harness(tracer=tracer)
+    stored, refused = Message(message_id="m1"), Message(message_id="m2")
+    for message in (stored, refused):
+        h.deliver(message)
+    h.calls.flush()
+    complete = h.store.complete
+
+    def refuse_m2(facts, token):
+        if facts.message_id == "m2":
+            raise ResponseError("OOM command not allowed when used memory > 'maxmemory'")
+        return complete(facts, token)
+
+    h.store.complete = refuse_m2  # type: ignore[method-assign]
+    for message, done in h.started:
+        assert h.succeed(message, done)
+    h.calls.flush()
+
+    def completed() -> list[str]:
+        return [json.loads(line)["message_id"] for path in tmp_path.glob("*.jsonl")
+                for line in path.read_text().splitlines()
+                if json.loads(line)["event"] == "completed"]  # fmt: skip
+
+    assert (stored.acks, refused.acks) == (1, 0)
+    assert completed() == ["m1"]
+    assert h.store.peek("jobs", "m2").status is Status.RUNNING
+    h.store.complete = complete  # type: ignore[method-assign]
+    h.timer.advance(5)
+    h.calls.flush()
+    assert refused.acks == 1 and completed() == ["m1", "m2"]
+
+
+def test_an_ack_that_fails_after_the_batch_does_not_hold_back_the_others(tmp_path):
+    """The channel of one copy closed meanwhile: its ack raises (it comes back, and its
+    stored completion drops it then); the batch's other acks are still made."""
+    tracer = TraceWriter(tmp_path, role="gate", defer_sync=True, flush_interval_s=3600)
+    h = Harness(tracer=tracer)
+    closed, fine = Message(message_id="m1"), Message(message_id="m2")
+    for message in (closed, fine):
+        h.deliver(message)
+    h.calls.flush()
+
+    def channel_gone() -> None:
+        raise ConnectionResetError("channel closed")
+
+    closed.ack = channel_gone  # type: ignore[method-assign]
+    for message, done in h.started:
+        assert h.succeed(message, done)
+    h.calls.flush()
+    assert fine.acks == 1
+    assert h.store.peek("jobs", "m1").status is Status.COMPLETED

@@ -112,8 +112,10 @@ def measure(
 ) -> dict[str, Any]:
     """Run ``cmd``, sampling the memory of its process tree every 0.2 s.
 
-    ``pythonpath`` puts another source tree first (the baseline); ``cap_bytes`` limits the
-    process's address space, so a checker that needs more fails instead of swapping.
+    ``pythonpath`` puts another source tree first (the baseline) and runs the command in it:
+    ``python -m`` puts the working directory ahead of PYTHONPATH, so a baseline started from
+    this checkout would run this checkout's code. ``cap_bytes`` limits the process's address
+    space, so a checker that needs more fails instead of swapping.
     """
     first = pythonpath or os.getcwd()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([first, *sys.path[1:]])}
@@ -124,7 +126,12 @@ def measure(
 
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, preexec_fn=limit
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        preexec_fn=limit,
+        cwd=pythonpath or None,
     )
     peak = peak_java = 0
     while proc.poll() is None:

@@ -10,7 +10,7 @@ Shape of the computation, chosen for 10 M events on two cores:
    Malformed lines ride along in the same shuffle under a null key, so counting them costs no
    second pass over the input; :func:`split_malformed` separates them afterwards.
 3. :func:`classify` gives each message one verdict from those facts; everything after that
-   (:func:`verdict_counts`, :func:`latency_percentiles`, :func:`broker_deliveries`, …) is a small
+   (:func:`totals`, :func:`latency_percentiles`, :func:`timeline_and_brokers`, …) is a small
    aggregation over the per-message table.
 
 Outbox messages (:mod:`celery_beetle.outbox`) start with ``enqueued`` at commit: one that
@@ -62,7 +62,6 @@ DONE_STATUS = ("completed", "c")
 __all__ = [
     "DEFAULT_SKEW_TOLERANCE_MS",
     "REDUNDANCY_KEYS",
-    "broker_deliveries",
     "classify",
     "latency_percentiles",
     "mark_malformed",
@@ -72,6 +71,7 @@ __all__ = [
     "redundancy_coverage",
     "samples",
     "split_malformed",
+    "timeline_and_brokers",
     "totals",
     "verdict_counts",
 ]
@@ -187,67 +187,98 @@ def per_message(events: DataFrame) -> DataFrame:
     return keyed.groupBy("queue", "message_id").agg(*aggs)
 
 
-def timeline(
+def _bucket(column: str, lo: int, width_ms: int) -> Column:
+    return F.floor((F.col(column) - F.lit(lo)) / width_ms).cast("long")
+
+
+def timeline_and_brokers(
     classified: DataFrame,
+    span: tuple[int | None, int | None],
     max_buckets: int = TIMELINE_BUCKETS,
-    span: tuple[int | None, int | None] | None = None,
-) -> dict[str, Any]:
-    """Messages first published (per broker they were published to), first started and
-    first completed (per broker of the copy that ran), per time bucket: the picture of a
-    stall after a fault and of the recovery. Buckets are a second wide, or wider so that
-    there are at most ``max_buckets`` (a small table, whatever the length of the run).
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``(timeline, brokers)`` in one pass over the per-message table.
 
-    ``span``: (first publish, last completion) in ms when the caller has them already
-    (:func:`totals` does); otherwise one more pass finds them. The buckets themselves take
-    one pass: each message becomes its entries (one per broker published to, its start, its
-    completion), exploded and counted.
-
+    **Timeline**: messages first published (per broker they were published to), first
+    started and first completed (per broker of the copy that ran), per time bucket: the
+    picture of a stall after a fault and of the recovery. Buckets are a second wide, or
+    wider so that there are at most ``max_buckets`` (a small table, however long the run).
     ``{"start_ms", "bucket_s", "rows": [{"bucket", "event", "broker", "messages"}]}``.
+
+    **Brokers**: per broker, the deliveries made and the messages published to it
+    (``[{"broker", "deliveries", "published_messages"}]``, by broker).
+
+    ``span`` is (first publish, last completion) in ms, from :func:`totals`. One aggregation
+    with grouping sets counts messages per (bucket, broker list) for each event and per
+    delivering-broker list; a trace holds a few dozen distinct broker lists, and Python
+    spreads each list's count over its brokers. No per-message ``explode`` and no lambda
+    (Spark runs higher-order functions row by row, outside its generated code): at 1.4 M
+    messages this pass takes about a second where exploding took eight.
     """
-    c = F.col
-    if span is None:
-        extent = classified.agg(
-            F.min("first_published_ms").alias("lo"), F.max("first_completed_ms").alias("hi")
-        ).first()
-        span = (extent["lo"], extent["hi"]) if extent is not None else (None, None)
     lo, hi = span
-    if lo is None:
-        return {"start_ms": None, "bucket_s": 1, "rows": []}
-    hi = hi if hi is not None else lo
-    bucket_s = max(1, math.ceil((hi - lo) / 1000 / max_buckets))
+    bucket_s = 1
+    if lo is not None:
+        hi = hi if hi is not None else lo
+        bucket_s = max(1, math.ceil((hi - lo) / 1000 / max_buckets))
     width_ms = bucket_s * 1000
-
-    def entry(column: str, event: str, broker: Column) -> Column:
-        bucket = F.floor((c(column) - F.lit(lo)) / width_ms).cast("long")
-        return F.struct(
-            bucket.alias("bucket"),
-            F.lit(event).alias("event"),
-            broker.cast("string").alias("broker"),
-        )
-
-    no_broker = F.array(F.lit(None).cast("string"))  # as explode_outer of an empty list
-    brokers = F.when(F.size("published_brokers") > 0, c("published_brokers")).otherwise(no_broker)
+    base = lo if lo is not None else 0
+    c = F.col
     unknown = F.lit("?")
-    entries = F.concat(
-        F.transform(brokers, lambda broker: entry("first_published_ms", "published", broker)),
-        F.array(entry("first_started_ms", "started", F.coalesce(c("started_broker"), unknown))),
-        F.array(
-            entry("first_completed_ms", "completed", F.coalesce(c("completed_broker"), unknown))
-        ),
+    rows = classified.select(
+        _bucket("first_published_ms", base, width_ms).alias("published_bucket"),
+        "published_brokers",
+        _bucket("first_started_ms", base, width_ms).alias("started_bucket"),
+        F.coalesce(c("started_broker"), unknown).alias("started_broker"),
+        _bucket("first_completed_ms", base, width_ms).alias("completed_bucket"),
+        F.coalesce(c("completed_broker"), unknown).alias("completed_broker"),
+        "delivered_brokers",
     )
-    events = (
-        classified.select(F.explode(entries).alias("e"))
-        .select("e.*")
-        .where(c("bucket").isNotNull())
+    sets = [
+        ("published", ("published_bucket", "published_brokers")),
+        ("started", ("started_bucket", "started_broker")),
+        ("completed", ("completed_bucket", "completed_broker")),
+        ("delivered", ("delivered_brokers",)),
+    ]
+    keys = [k for _event, cols in sets for k in cols]
+    grouped = rows.groupingSets([list(cols) for _event, cols in sets], *keys).agg(
+        F.grouping_id().alias("_set"), F.count(F.lit(1)).alias("messages")
     )
-    rows = events.groupBy("bucket", "event", "broker").agg(F.count(F.lit(1)).alias("messages"))
-    found = sorted(
-        (r.asDict() for r in rows.collect()),
-        key=lambda r: (r["bucket"], r["event"], str(r["broker"])),
-    )
-    for row in found:
-        row["broker"] = row["broker"] if row["broker"] is not None else "?"
-    return {"start_ms": lo, "bucket_s": bucket_s, "rows": found}
+    # grouping_id has a bit per key, set where the key is left out of the set
+    ids = {
+        (1 << len(keys)) - 1 - sum(1 << (len(keys) - 1 - keys.index(k)) for k in cols): event
+        for event, cols in sets
+    }
+    counts: dict[tuple[int, str, str], int] = {}
+    deliveries: dict[str, int] = {}
+    published: dict[str, int] = {}
+    for row in grouped.collect():
+        event, n = ids[row["_set"]], row["messages"]
+        if event == "delivered":
+            for broker in row["delivered_brokers"]:
+                deliveries[broker] = deliveries.get(broker, 0) + n
+            continue
+        bucket = row[f"{event}_bucket"]
+        if event == "published":
+            brokers = row["published_brokers"]
+            for broker in brokers:
+                published[broker] = published.get(broker, 0) + n
+            named = [b if b is not None else "?" for b in brokers] or ["?"]
+        else:
+            named = [row[f"{event}_broker"]]
+        if bucket is None or lo is None:
+            continue
+        for broker in named:
+            key = (bucket, event, broker)
+            counts[key] = counts.get(key, 0) + n
+    found = [
+        {"bucket": b, "event": e, "broker": k, "messages": n}
+        for (b, e, k), n in sorted(counts.items(), key=lambda kv: kv[0])
+    ]
+    timeline = {"start_ms": lo, "bucket_s": bucket_s, "rows": found}
+    brokers = [
+        {"broker": b, "deliveries": deliveries.get(b, 0), "published_messages": published.get(b, 0)}
+        for b in sorted(set(deliveries) | set(published))
+    ]
+    return timeline, brokers
 
 
 def split_malformed(facts: DataFrame) -> tuple[DataFrame, DataFrame]:
@@ -420,48 +451,98 @@ def samples(
     return out
 
 
+LATENCY_COLUMNS = ("publish_to_start_ms", "start_to_complete_ms", "publish_to_complete_ms")
+#: Latencies are counted exactly below this many ms, and above it to this many significant
+#: bits (a relative error under 0.1 %, as ``percentile_approx``'s default accuracy): a
+#: histogram of a few thousand values per task and queue, however many messages.
+EXACT_BELOW_MS = 1024
+SIGNIFICANT_BITS = 10
+
+
+def _quantised(column: str) -> Column:
+    """The value rounded down to :data:`SIGNIFICANT_BITS` bits when it is large."""
+    v = F.col(column)
+    drop = (F.floor(F.log2(v)) + 1 - SIGNIFICANT_BITS).cast("int")
+    rounded = F.call_function("shiftleft", F.call_function("shiftright", v, drop), drop)
+    return F.when(v < EXACT_BELOW_MS, v).otherwise(rounded)
+
+
 def latency_percentiles(
     classified: DataFrame, percentiles: tuple[float, ...] = (0.5, 0.9, 0.99)
-) -> DataFrame:
-    """Latency percentiles per (task_name, queue) and overall (task_name = queue = '*').
+) -> list[dict[str, Any]]:
+    """Latency percentiles per (task_name, queue), and overall (task_name = queue = '*').
 
-    Both levels in one aggregation (grouping sets): one scan of the table, not one per level.
+    One aggregation counts the completed messages per latency value (:func:`_quantised`),
+    task and queue; the percentiles are read off those counts here, and merged for the
+    overall row. That is exact (to the histogram's rounding), where ``percentile_approx``
+    merged sketches and cost five seconds at 1.4 M messages; this costs under one.
+    The p-th percentile is the smallest value with at least ``ceil(p * n)`` values at or
+    below it, as ``percentile_approx`` defines it.
     """
-    cols = ("publish_to_start_ms", "start_to_complete_ms", "publish_to_complete_ms")
-    done = classified.where(F.col("n_completed") > 0).select(
-        F.coalesce("task_name", F.lit("?")).alias("task_name"), "queue", *cols
-    )
-    aggs = [F.count(F.lit(1)).alias("completed")]
-    for col in cols:
-        pct = F.percentile_approx(col, list(percentiles), 1000)
-        for k, p in enumerate(percentiles):
-            aggs.append(pct[k].alias(f"{col.removesuffix('_ms')}_p{round(p * 100)}_ms"))
-    keys = (F.col("task_name"), F.col("queue"))
-    levels = done.groupingSets([keys, []], *keys).agg(F.grouping_id().alias("_overall"), *aggs)
-    star = F.col("_overall") > 0
-    return levels.select(
-        F.when(star, F.lit("*")).otherwise(F.col("task_name")).alias("task_name"),
-        F.when(star, F.lit("*")).otherwise(F.col("queue")).alias("queue"),
-        *[a for a in levels.columns if a not in ("task_name", "queue", "_overall")],
-    )
-
-
-def broker_deliveries(classified: DataFrame) -> DataFrame:
-    """Per broker: deliveries made, and messages published to it (unordered; a few rows).
-
-    One explode of both lists and one aggregation: a join of two aggregations and a global
-    sort would cost two more shuffles and a sampling job for a table of three rows.
-    """
-
-    def tagged(column: str, kind: str) -> Column:
-        return F.transform(column, lambda b: F.struct(b.alias("broker"), F.lit(kind).alias("k")))
-
-    pairs = classified.select(
+    done = classified.where(F.col("n_completed") > 0)
+    stacked = done.select(
+        F.coalesce("task_name", F.lit("?")).alias("task_name"),
+        "queue",
         F.explode(
-            F.concat(tagged("delivered_brokers", "d"), tagged("published_brokers", "p"))
-        ).alias("x")
-    ).select("x.broker", "x.k")
-    return pairs.groupBy("broker").agg(
-        F.count(F.when(F.col("k") == "d", True)).alias("deliveries"),
-        F.count(F.when(F.col("k") == "p", True)).alias("published_messages"),
-    )
+            F.array(
+                # k = -1 counts the message; 0, 1, 2 carry its latencies
+                F.struct(F.lit(-1).alias("k"), F.lit(None).cast("long").alias("v")),
+                *[
+                    F.struct(F.lit(i).alias("k"), _quantised(col).alias("v"))
+                    for i, col in enumerate(LATENCY_COLUMNS)
+                ],
+            )
+        ).alias("x"),
+    ).select("task_name", "queue", "x.k", "x.v")
+    counted = stacked.groupBy("task_name", "queue", "k", "v").agg(F.count(F.lit(1)).alias("n"))
+    histograms: dict[tuple[str, str], list[dict[int, int]]] = {}
+    completed: dict[tuple[str, str], int] = {}
+    for row in counted.collect():
+        key = (row["task_name"], row["queue"])
+        if row["k"] < 0:
+            completed[key] = completed.get(key, 0) + row["n"]
+            continue
+        if row["v"] is None:
+            continue
+        series = histograms.setdefault(key, [{} for _ in LATENCY_COLUMNS])[row["k"]]
+        series[row["v"]] = series.get(row["v"], 0) + row["n"]
+
+    def figures(name: str, queue: str, n: int, series: list[dict[int, int]]) -> dict[str, Any]:
+        out: dict[str, Any] = {"task_name": name, "queue": queue, "completed": n}
+        for col, counts in zip(LATENCY_COLUMNS, series, strict=True):
+            values = _percentiles(counts, percentiles)
+            for p, value in zip(percentiles, values, strict=True):
+                out[f"{col.removesuffix('_ms')}_p{round(p * 100)}_ms"] = value
+        return out
+
+    empty: list[dict[int, int]] = [{} for _ in LATENCY_COLUMNS]
+    rows = [
+        figures(name, queue, n, histograms.get((name, queue), empty))
+        for (name, queue), n in sorted(completed.items())
+    ]
+    overall: list[dict[int, int]] = [{} for _ in LATENCY_COLUMNS]
+    for series in histograms.values():
+        for merged, counts in zip(overall, series, strict=True):
+            for value, n in counts.items():
+                merged[value] = merged.get(value, 0) + n
+    if completed:
+        rows.append(figures("*", "*", sum(completed.values()), overall))
+    return rows
+
+
+def _percentiles(counts: dict[int, int], percentiles: tuple[float, ...]) -> list[int | None]:
+    """The percentiles of a histogram (value → count); None for each when it is empty."""
+    total = sum(counts.values())
+    if not total:
+        return [None] * len(percentiles)
+    ranks = [max(1, math.ceil(p * total)) for p in percentiles]
+    out: list[int | None] = [None] * len(percentiles)
+    seen = 0
+    for value in sorted(counts):
+        seen += counts[value]
+        for i, rank in enumerate(ranks):
+            if out[i] is None and seen >= rank:
+                out[i] = value
+        if out[-1] is not None and all(v is not None for v in out):
+            break
+    return out

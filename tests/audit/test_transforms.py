@@ -228,9 +228,12 @@ def test_broker_tables_count_each_copy_and_coverage_counts_pairs(audited):
     from celery_beetle.audit import transforms as T
 
     classified = audited[1]
-    brokers = {r["broker"]: r.asDict() for r in T.broker_deliveries(classified).collect()}
+    _timeline, table = T.timeline_and_brokers(classified, span=(None, None))
+    brokers = {r["broker"]: r for r in table}
     # lost-undelivered, unobserved, overlap, expired, pair
     assert brokers[B]["published_messages"] == 5
+    deliveries = sum(len(r["delivered_brokers"]) for r in classified.collect())
+    assert sum(r["deliveries"] for r in table) == deliveries
     coverage = T.redundancy_coverage(classified)
     assert coverage["redundant_messages"] == coverage["on_two_or_more_brokers"] == 5
 
@@ -245,7 +248,7 @@ def test_verdict_counts_and_latency_percentiles_cover_every_message(spark, tmp_p
     counts = T.verdict_counts(classified)
     assert counts["messages"] == 3
     assert (counts["completed_once"], counts["lost"], counts["unexpected"]) == (1, 1, 1)
-    lat = {(r["task_name"], r["queue"]): r for r in T.latency_percentiles(classified).collect()}
+    lat = {(r["task_name"], r["queue"]): r for r in T.latency_percentiles(classified)}
     assert lat[("*", "*")]["publish_to_start_p50_ms"] == 500
     assert lat[("t.add", "q")]["completed"] == 2
     samples = T.samples(classified)

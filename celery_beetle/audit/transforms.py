@@ -120,12 +120,23 @@ def parse_lines(lines: DataFrame, value: str = "value") -> DataFrame:
     return mark_malformed(raw.select("e.*"))
 
 
+def _code(event: str) -> int:
+    """An event's number in the grouped rows (1 + its place in ``EVENTS``)."""
+    return EVENTS.index(event) + 1
+
+
+def _is(*events: str) -> Column:
+    """True for a grouped row of one of ``events`` (the rows carry the event's number)."""
+    codes = [_code(e) for e in events]
+    return F.col("event") == codes[0] if len(codes) == 1 else F.col("event").isin(*codes)
+
+
 def _count(event: str) -> Column:
-    return F.count(F.when(F.col("event") == event, True))
+    return F.count(F.when(_is(event), True))
 
 
 def _ts(event: str) -> Column:
-    return F.when(F.col("event") == event, F.col("ts_ms"))
+    return F.when(_is(event), F.col("ts_ms"))
 
 
 def per_message(events: DataFrame) -> DataFrame:
@@ -143,10 +154,13 @@ def per_message(events: DataFrame) -> DataFrame:
     event = F.when(ok, F.col("event"))  # a bad line must not count as an event
     detail = F.when(F.col("event").isin("published", "duplicate", "relayed"), F.col("detail"))
     published = event == "published"
+    # The event travels as its number: a byte per row through the shuffle instead of its
+    # name, and the aggregation's thirty-odd tests of it compare ints, not strings.
+    names = F.array(*[F.lit(e) for e in EVENTS])
     keyed = events.select(
         F.when(ok, F.col("queue")).alias("queue"),
         F.when(ok, F.col("message_id")).alias("message_id"),
-        event.alias("event"),
+        F.array_position(names, event).cast("byte").alias("event"),
         "ts_ms",
         "task_name",
         F.when(event.isin(*BROKER_EVENTS), F.col("broker")).alias("broker"),
@@ -158,8 +172,14 @@ def per_message(events: DataFrame) -> DataFrame:
         "malformed",
         F.col("line").alias("bad_line"),
     ).repartition("queue", "message_id")
-    published = F.col("event") == "published"
-    run = F.struct("event", "ts_ms", "attempt", "worker", "pid")
+    published = _is("published")
+    run = F.struct(
+        F.element_at(names, F.col("event").cast("int")).alias("event"),
+        "ts_ms",
+        "attempt",
+        "worker",
+        "pid",
+    )
     aggs = [
         F.count(F.when(F.col("malformed"), True)).alias("malformed_lines"),
         F.min("bad_line").alias("bad_line_min"),
@@ -171,10 +191,8 @@ def per_message(events: DataFrame) -> DataFrame:
         F.count(F.when(F.col("seen_completed"), True)).alias("n_seen_completed"),
         F.count(F.when(F.col("aside"), True)).alias("n_aside"),
         F.collect_set(F.when(published, F.col("broker"))).alias("published_brokers"),
-        F.collect_list(F.when(F.col("event") == "delivered", F.col("broker"))).alias(
-            "delivered_brokers"
-        ),
-        F.collect_list(F.when(F.col("event").isin(*RUN_EVENTS), run)).alias("run_events"),
+        F.collect_list(F.when(_is("delivered"), F.col("broker"))).alias("delivered_brokers"),
+        F.collect_list(F.when(_is(*RUN_EVENTS), run)).alias("run_events"),
         F.min(_ts("published")).alias("first_published_ms"),
         F.min(_ts("started")).alias("first_started_ms"),
         F.max(_ts("started")).alias("last_started_ms"),

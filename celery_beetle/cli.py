@@ -144,6 +144,9 @@ def audit(
         click.echo(f"beetle audit: the audit could not run: {exc}", err=True)
         sys.exit(EXIT_AUDIT_FAILED)
     _print_verdict(result.summary, result.files, show)
+    from celery_beetle.audit import class_cache
+
+    class_cache.publish(spark)  # a first audit's class archive, for the next one
     if result.empty:
         click.echo(
             f"beetle audit: no valid trace event in {' '.join(trace_path)} "

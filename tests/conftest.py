@@ -88,6 +88,8 @@ def spark() -> Iterator[Any]:
     """One local Spark session for the run (a JVM costs seconds): audit tests and chaos."""
     try:
         from pyspark.sql import SparkSession
+
+        from celery_beetle.audit import class_cache
     except ImportError:
         _server_missing("pyspark")
     if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
@@ -101,6 +103,8 @@ def spark() -> Iterator[Any]:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.adaptive.enabled", "false")
         .config("spark.driver.memory", "1g")
+        # Spark's classes from the archive scripts/setup-env builds, when it is there
+        .config("spark.driver.extraJavaOptions", class_cache.java_options(write=False))
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

@@ -38,12 +38,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark import StorageLevel
+from pyspark import SparkContext, StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from celery_beetle.audit import report, transforms
+from celery_beetle.audit import class_cache, report, transforms
 from celery_beetle.audit.schema import BAD_VERDICTS, SUMMARY_COUNTS
 
 __all__ = ["AuditResult", "build_session", "local_input_bytes", "main", "run_audit"]
@@ -154,6 +154,11 @@ def build_session(
     compiles with C1 only (``-XX:TieredStopAtLevel=1``). A small audit is over before C2's
     optimised code pays for its compile time on two cores: Spark starts and reads a 40 MB
     trace about 3 s sooner. A large one keeps C2, whose code it runs long enough to need.
+
+    A local JVM also maps Spark's classes from an archive (:mod:`.class_cache`), written by
+    the first audit on the machine: a session starts about 3.5 s sooner. The caller hands
+    the session to :func:`.class_cache.publish` when done, so that a first audit's archive is
+    put in place.
     """
     builder = SparkSession.builder.appName(app_name)
     # spark-submit starts the JVM first and hands Python its gateway: then its --master and
@@ -180,6 +185,8 @@ def build_session(
         java_options = "-XX:+UseParallelGC"
         if input_bytes is not None and input_bytes < SMALL_INPUT_BYTES:
             java_options += " -XX:TieredStopAtLevel=1"
+        if SparkContext._gateway is None:  # this call starts the JVM: Spark's classes mapped
+            java_options += " " + class_cache.java_options()
         builder = (
             builder.config("spark.ui.enabled", "false")
             .config("spark.driver.extraJavaOptions", java_options)
@@ -422,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spark = build_session(input_bytes=local_input_bytes([args[0]]))
     result = run_audit(spark, args[0], args[1], step=lambda m: print(m, file=sys.stderr))
+    class_cache.publish(spark)
     print(json.dumps({k: result.summary[k] for k in SUMMARY_COUNTS}))
     return 0 if result.ok else 1
 

@@ -88,7 +88,7 @@ def java_options(*, write: bool = True) -> str:
     Empty when the cache is off or its directory cannot be written."""
     global _dumping
     path = archive_path()
-    if path is None:
+    if path is None or " " in str(path):  # Spark splits its JVM options at spaces
         return ""
     if path.is_file() and path.stat().st_size > 0:
         try:

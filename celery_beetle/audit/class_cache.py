@@ -124,8 +124,8 @@ def publish(spark: Any) -> None:
 
     gateway = SparkContext._gateway
     proc = getattr(gateway, "proc", None)
-    spark.stop()
     try:
+        spark.stop()
         if proc is None:
             return
         if gateway is not None:

@@ -53,7 +53,9 @@ def test_bad_input_whose_dead_letter_fails_stays_queued_until_it_is_stored_once(
     assert wait_until(lambda: "could not dead-letter" in worker.log_text(), timeout=15)
     assert _held(brokers) == 1, "handed back, not acked"
     _unblock_dead_letters(brokers)
-    assert wait_until(lambda: stored_dead_letters(brokers) == 1, timeout=30)
+    # as in the give-up case below: on a loaded machine the handed-back copy's next try
+    # came after 30 s once (1 of 2 full runs); the property is "stored once", not how soon
+    assert wait_until(lambda: stored_dead_letters(brokers) == 1, timeout=50)
     assert wait_until(lambda: celery_queue_empty(brokers), timeout=15)
     dead = take_dead_letters(brokers)
     assert [h["x-beetle-dead-reason"] for h in dead[task_id]] == ["undecodable"]

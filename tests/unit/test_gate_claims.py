@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -245,10 +246,21 @@ def test_a_release_redis_refuses_for_another_reason_does_not_hold_up_the_others(
     assert not h.gate._to_release
 
 
+def _gate_tracer(directory: Path) -> TraceWriter:
+    """A gate tracer whose lines are written only when the gate says (per batch)."""
+    return TraceWriter(directory, role="gate", defer_sync=True, flush_interval_s=3600)
+
+
+def _traced(directory: Path) -> list[dict]:
+    """Every trace line written so far under ``directory``, parsed."""
+    return [json.loads(line) for path in directory.glob("*.jsonl")
+            for line in path.read_text().splitlines()]  # fmt: skip
+
+
 def test_a_completion_is_traced_before_its_ack_and_written_once_per_batch(tmp_path):
     """The gate's ``completed`` event is in the file before the message is acked: a worker
     killed between the two must not leave a trace that reads "lost"."""
-    tracer = TraceWriter(tmp_path, role="gate", defer_sync=True, flush_interval_s=3600)
+    tracer = _gate_tracer(tmp_path)
     h = Harness(tracer=tracer)
     messages = [Message(message_id=f"m{n}") for n in range(3)]
     for message in messages:
@@ -257,8 +269,7 @@ def test_a_completion_is_traced_before_its_ack_and_written_once_per_batch(tmp_pa
     written_at_ack: list[list[str]] = []
 
     def events() -> list[str]:
-        return [json.loads(line)["event"] for path in tmp_path.glob("*.jsonl")
-                for line in path.read_text().splitlines()]  # fmt: skip
+        return [line["event"] for line in _traced(tmp_path)]
 
     for message, done in h.started:
         message.ack = lambda: written_at_ack.append(events())  # type: ignore[method-assign]
@@ -272,7 +283,7 @@ def test_a_completion_is_traced_before_its_ack_and_written_once_per_batch(tmp_pa
 def test_a_copy_dropped_as_completed_is_traced_before_its_ack(tmp_path):
     """A redelivered copy dropped because the store says "completed" is the audit's evidence
     when the run's own ``completed`` event died with its worker: written before the ack."""
-    tracer = TraceWriter(tmp_path, role="gate", defer_sync=True, flush_interval_s=3600)
+    tracer = _gate_tracer(tmp_path)
     tracer.sync_events = frozenset({"completed", "duplicate"})
     h = Harness(tracer=tracer)
     facts = h.facts()
@@ -281,9 +292,7 @@ def test_a_copy_dropped_as_completed_is_traced_before_its_ack(tmp_path):
     copy = Message()
     seen_at_ack: list[str] = []
     copy.ack = lambda: seen_at_ack.extend(  # type: ignore[method-assign]
-        json.loads(line)["event"]
-        for path in tmp_path.glob("*.jsonl")
-        for line in path.read_text().splitlines()
+        line["event"] for line in _traced(tmp_path)
     )
     h.deliver(copy)
     h.calls.flush()
@@ -291,15 +300,13 @@ def test_a_copy_dropped_as_completed_is_traced_before_its_ack(tmp_path):
 
 
 def test_a_copy_that_expires_before_its_claim_is_answered_is_traced_before_its_ack(tmp_path):
-    tracer = TraceWriter(tmp_path, role="gate", defer_sync=True, flush_interval_s=3600)
+    tracer = _gate_tracer(tmp_path)
     tracer.sync_events = frozenset({"completed", "duplicate", "expired"})
     h = Harness(tracer=tracer)
     copy = Message()
     seen_at_ack: list[str] = []
     copy.ack = lambda: seen_at_ack.extend(  # type: ignore[method-assign]
-        json.loads(line)["event"]
-        for path in tmp_path.glob("*.jsonl")
-        for line in path.read_text().splitlines()
+        line["event"] for line in _traced(tmp_path)
     )
     h.deliver(copy)
     h.clock.ms += 86_400_001  # past the message's TTL before Redis answers the claim
@@ -312,7 +319,7 @@ def test_in_a_batch_only_the_stored_completions_are_acked_after_their_events(tmp
     """One completion of the batch is stored, the other gets an error reply: the first is
     acked after its ``completed`` event is written; the second is neither traced nor acked
     until Redis takes it."""
-    tracer = TraceWriter(tmp_path, role="gate", defer_sync=True, flush_interval_s=3600)
+    tracer = _gate_tracer(tmp_path)
     h = Harness(tracer=tracer)
     stored, refused = Message(message_id="m1"), Message(message_id="m2")
     for message in (stored, refused):
@@ -331,9 +338,7 @@ def test_in_a_batch_only_the_stored_completions_are_acked_after_their_events(tmp
     h.calls.flush()
 
     def completed() -> list[str]:
-        return [json.loads(line)["message_id"] for path in tmp_path.glob("*.jsonl")
-                for line in path.read_text().splitlines()
-                if json.loads(line)["event"] == "completed"]  # fmt: skip
+        return [line["message_id"] for line in _traced(tmp_path) if line["event"] == "completed"]
 
     assert (stored.acks, refused.acks) == (1, 0)
     assert completed() == ["m1"]
@@ -347,7 +352,7 @@ def test_in_a_batch_only_the_stored_completions_are_acked_after_their_events(tmp
 def test_an_ack_that_fails_after_the_batch_does_not_hold_back_the_others(tmp_path):
     """The channel of one copy closed meanwhile: its ack raises (it comes back, and its
     stored completion drops it then); the batch's other acks are still made."""
-    tracer = TraceWriter(tmp_path, role="gate", defer_sync=True, flush_interval_s=3600)
+    tracer = _gate_tracer(tmp_path)
     h = Harness(tracer=tracer)
     closed, fine = Message(message_id="m1"), Message(message_id="m2")
     for message in (closed, fine):

@@ -87,6 +87,13 @@ class BrokerChannel(pyamqp.Channel):
     #: messages written by :meth:`~kombu_beetle.publish.Publisher.publish_many` on this
     #: channel: in confirm mode, the delivery tag of the last one
     beetle_sent: int = 0
+    #: bumped each time the broker closes this channel (py-amqp reopens the same object
+    #: under the same id, with delivery tags counted from 1 again): see :class:`Delivery`
+    beetle_incarnation: int = 0
+
+    def _do_revive(self) -> None:
+        self.beetle_incarnation += 1
+        super()._do_revive()
 
     def _link_call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         link = self.beetle_link
@@ -112,6 +119,49 @@ class BrokerChannel(pyamqp.Channel):
         self, delivery_tag: int, multiple: bool = False, requeue: bool = True, **kwargs: Any
     ) -> Any:
         return self._link_call(super().basic_nack, delivery_tag, multiple, requeue, **kwargs)
+
+
+class Delivery(pyamqp.Message):
+    """A message bound to the incarnation of the broker channel that delivered it.
+
+    A channel error (a declaration the broker refuses, say) closes the broker's channel and
+    gives back everything delivered on it; py-amqp reopens the same channel object, whose
+    delivery tags start from 1 again. An ack, reject or requeue of a delivery from before
+    is not sent: the broker refuses an unknown tag by closing the channel again (and the
+    error surfaces in whatever call waits next: a worker died of it in ``basic.qos``), and
+    a tag that happens to be known again names another message. The broker redelivers the
+    message; the dedup store decides what its copy does."""
+
+    def __init__(self, msg: Any, channel: Any = None, **kwargs: Any) -> None:
+        super().__init__(msg, channel, **kwargs)
+        self.beetle_incarnation = getattr(channel, "beetle_incarnation", 0)
+
+    def _stale(self, what: str, state: str) -> bool:
+        if self.acknowledged or (
+            getattr(self.channel, "beetle_incarnation", 0) == self.beetle_incarnation
+        ):
+            return False  # sent (or refused by kombu as settled twice)
+        logger.debug(
+            "beetle: not sending %s for delivery %s of %s: its channel was closed since "
+            "(the broker gave the message back)",
+            what,
+            self.delivery_tag,
+            getattr(self.channel, "beetle_link", None),
+        )
+        self._state = state
+        return True
+
+    def ack(self, multiple: bool = False) -> None:
+        if not self._stale("ack", "ACK"):
+            super().ack(multiple=multiple)
+
+    def reject(self, requeue: bool = False) -> None:
+        if not self._stale("reject", "REJECTED"):
+            super().reject(requeue=requeue)
+
+    def requeue(self) -> None:
+        if not self._stale("requeue", "REQUEUED"):
+            super().requeue()
 
 
 class BrokerConnection(pyamqp.Connection):
@@ -147,6 +197,7 @@ class BrokerLink:
         self._on_dead = on_dead
         self._clock = clock
         self._lock = threading.Lock()
+        self._declaring: BrokerChannel | None = None
 
     def __repr__(self) -> str:
         return f"<BrokerLink {self.name} {'alive' if self.alive else 'dead'}>"
@@ -155,6 +206,21 @@ class BrokerLink:
     def alive(self) -> bool:
         conn = self.conn
         return conn is not None and bool(conn.connected)
+
+    def declaring_channel(self) -> BrokerChannel:
+        """This connection's channel for declarations. A declaration the broker refuses (a
+        queue that exists with other arguments, as during ``beetle queues migrate``; a
+        passive one for a queue that is not there) closes the channel it came on, with
+        every delivery held there: so declarations never go on a channel that consumes.
+        py-amqp reopens it after such an error; a new connection gets a new one."""
+        conn = self.conn
+        if conn is None:
+            raise amqp.RecoverableConnectionError(f"broker {self.name} is down")
+        channel = self._declaring
+        if channel is None or channel.connection is not conn or not channel.is_open:
+            channel = self._declaring = conn.channel()
+            channel.beetle_link = self
+        return channel
 
     def connect(self) -> BrokerConnection:
         """Open a new AMQP connection to this broker (blocking, bounded by connect timeout)."""

@@ -1,7 +1,8 @@
 """The transport-level channel: one py-amqp channel per live broker behind it.
 
 Declarations, ``basic_qos``, ``basic_consume`` and cancels fan out to every
-broker (and are replayed on a broker that comes back); a
+broker (and are replayed on a broker that comes back; the prefetch window is applied as
+:mod:`kombu_beetle.prefetch` says, so that Celery can widen it while consumers run); a
 :class:`~kombu_beetle.publish.Publisher` publishes on this channel's per-broker
 channels; deliveries stay bound to the channel of the broker that delivered
 them, so acks and rejects go back there.
@@ -13,16 +14,18 @@ import logging
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import amqp
-from kombu.transport import base, pyamqp
+from kombu.transport import base
 from kombu.transport.base import to_rabbitmq_queue_arguments
 
-from .brokers import CAUGHT_ERRORS, BrokerChannel, BrokerLink, fail_or_raise
+from .brokers import CAUGHT_ERRORS, BrokerChannel, BrokerLink, Delivery, fail_or_raise
 from .errors import NoBrokerAvailable
+from .prefetch import PrefetchWindow
 
 if TYPE_CHECKING:
     from .connection import BeetleConnection
@@ -52,7 +55,7 @@ class ConsumerSpec:
 class BeetleChannel(base.StdChannel):
     """Looks like a kombu pyamqp channel; fans out to one channel per broker."""
 
-    Message = pyamqp.Message
+    Message = Delivery
 
     def __init__(self, connection: BeetleConnection, channel_id: int) -> None:
         self.connection = connection
@@ -63,7 +66,7 @@ class BeetleChannel(base.StdChannel):
         self._consumers: dict[str, ConsumerSpec] = {}
         #: (broker, consumer tag) -> when the broker cancelled it (and when last looked at)
         self._cancelled: dict[tuple[BrokerLink, str], tuple[float, float]] = {}
-        self._qos: tuple[int, int, bool] | None = None
+        self._window = PrefetchWindow(connection.declarations.declared_classic, self._consume_under)
         for link in connection.brokers.live():
             try:
                 self._sub(link)
@@ -94,10 +97,9 @@ class BeetleChannel(base.StdChannel):
             sub._confirm_selected = True
         sub.events["basic_return"].add(self._on_return)
         self._subs[link] = (link.generation, sub)
-        if self._qos is not None:
-            sub.basic_qos(*self._qos)
-        for tag, spec in self._consumers.items():
-            self._consume_on(sub, tag, spec)
+        self._window.apply(sub, self._consumers)
+        for tag in self._consumers:
+            self._window.consume(sub, tag, self._consumers)
         return sub
 
     def _on_return(self, *args: Any) -> None:
@@ -135,11 +137,24 @@ class BeetleChannel(base.StdChannel):
         self, method: str, *args: Any, all_must_succeed: bool = True, **kwargs: Any
     ) -> list[Any]:
         """Call ``method`` on every live broker; a dead one is skipped and revived later."""
+        results = self._on_each_broker(
+            lambda sub: getattr(sub, method)(*args, **kwargs), all_must_succeed
+        )
+        if not results:
+            raise NoBrokerAvailable(self.connection.brokers.names(), f"{method} reached none")
+        return results
+
+    def _on_each_broker(
+        self, call: Callable[[BrokerChannel], Any], all_must_succeed: bool = True
+    ) -> list[Any]:
+        """``call(sub)`` on every live broker's channel; a channel error reopens that
+        channel and is raised after the others were called (when ``all_must_succeed``, or
+        when no broker answered); a dead broker is skipped and revived later."""
         results: list[Any] = []
         errors: list[BaseException] = []
         for link, sub in self._live_subs():
             try:
-                results.append(getattr(sub, method)(*args, **kwargs))
+                results.append(call(sub))
             except CHANNEL_ERRORS as exc:
                 errors.append(exc)
                 self._subs.pop(link, None)
@@ -148,13 +163,11 @@ class BeetleChannel(base.StdChannel):
                 fail_or_raise(link, exc)
         if errors and (all_must_succeed or not results):
             raise errors[0]
-        if not results and not errors:
-            raise NoBrokerAvailable(self.connection.brokers.names(), f"{method} reached none")
         return results
 
     def _reopen_after_error(self, link: BrokerLink) -> None:
         """A channel error closed this broker's channel: keep its consumers going."""
-        if not self._consumers and self._qos is None:
+        if not self._consumers and self._window.count is None:
             return
         try:
             self._sub(link)
@@ -166,13 +179,36 @@ class BeetleChannel(base.StdChannel):
     # -- declarations ----------------------------------------------------------------
 
     def _declare(self, method: str, **kwargs: Any) -> list[Any]:
-        results = self._fanout(method, **kwargs)
+        results = self._on_declaring_channels(method, **kwargs)
         self.connection.declarations.record(method, kwargs)
+        return results
+
+    def _on_declaring_channels(
+        self, method: str, all_must_succeed: bool = True, **kwargs: Any
+    ) -> list[Any]:
+        """``method`` on each live broker's declaration channel (never on one that
+        consumes: a refused declaration closes its channel and gives back what it held);
+        a channel error is raised after the other brokers were called (when
+        ``all_must_succeed``, or when no broker answered)."""
+        self.connection.maintain()
+        results: list[Any] = []
+        errors: list[BaseException] = []
+        for link in self.connection.brokers.live():
+            try:
+                results.append(getattr(link.declaring_channel(), method)(**kwargs))
+            except CHANNEL_ERRORS as exc:
+                errors.append(exc)
+            except CAUGHT_ERRORS as exc:
+                fail_or_raise(link, exc)
+        if errors and (all_must_succeed or not results):
+            raise errors[0]
+        if not results:
+            raise NoBrokerAvailable(self.connection.brokers.names(), f"{method} reached none")
         return results
 
     def exchange_declare(self, exchange: str = "", type: str = "direct", **kwargs: Any) -> None:
         if kwargs.get("passive"):
-            self._fanout(
+            self._on_declaring_channels(
                 "exchange_declare", exchange=exchange, type=type, all_must_succeed=False, **kwargs
             )
             return
@@ -205,7 +241,7 @@ class BeetleChannel(base.StdChannel):
             # a server-named queue would get a different name on every broker
             queue = f"beetle.gen-{uuid.uuid4().hex}"
         if passive:
-            results = self._fanout(
+            results = self._on_declaring_channels(
                 "queue_declare", queue=queue, passive=True, all_must_succeed=False, **kwargs
             )
         else:
@@ -237,7 +273,10 @@ class BeetleChannel(base.StdChannel):
             getattr(exc, "reply_text", exc),
         )
         self.connection.declarations.record("queue_declare", {"queue": queue, **kwargs})
-        return self._fanout("queue_declare", queue=queue, passive=True, all_must_succeed=False)
+        self.connection.declarations.type_unknown(queue)
+        return self._on_declaring_channels(
+            "queue_declare", queue=queue, passive=True, all_must_succeed=False
+        )
 
     def queue_bind(
         self, queue: str = "", exchange: str = "", routing_key: str = "", **kwargs: Any
@@ -266,8 +305,14 @@ class BeetleChannel(base.StdChannel):
     def basic_qos(
         self, prefetch_size: int = 0, prefetch_count: int = 0, a_global: bool = False, **kwargs: Any
     ) -> None:
-        self._qos = (prefetch_size, prefetch_count, a_global)
-        self._fanout("basic_qos", prefetch_size, prefetch_count, a_global)
+        """Celery's window: its count, applied per broker channel as
+        :mod:`kombu_beetle.prefetch` says (``a_global`` is not followed)."""
+        self._window.set(prefetch_size, prefetch_count)
+        # a broker whose channel fails here gets a new one, set up with this window: the
+        # error is not Celery's to handle (a channel error in basic.qos stops its worker)
+        self._on_each_broker(
+            lambda sub: self._window.apply(sub, self._consumers), all_must_succeed=False
+        )
 
     def basic_consume(
         self,
@@ -283,7 +328,9 @@ class BeetleChannel(base.StdChannel):
         **kwargs: Any,
     ) -> str:
         tag = consumer_tag or f"beetle-{uuid.uuid4().hex}"
-        spec = ConsumerSpec(queue, no_ack, _tag_errors(callback), arguments, on_cancel, exclusive)
+        spec = ConsumerSpec(
+            queue, no_ack, _tag_errors(callback, tag), arguments, on_cancel, exclusive
+        )
         subs = self._live_subs()
         if not subs:
             raise NoBrokerAvailable(self.connection.brokers.names(), "cannot consume")
@@ -291,7 +338,7 @@ class BeetleChannel(base.StdChannel):
         errors: list[BaseException] = []
         for link, sub in subs:
             try:
-                self._consume_on(sub, tag, spec)
+                self._window.consume(sub, tag, self._consumers)
             except CHANNEL_ERRORS as exc:
                 errors.append(exc)
                 self._subs.pop(link, None)
@@ -302,23 +349,28 @@ class BeetleChannel(base.StdChannel):
             raise errors[0]
         return tag
 
-    def _consume_on(self, sub: BrokerChannel, tag: str, spec: ConsumerSpec) -> None:
+    def _consume_under(self, sub: BrokerChannel, tag: str, broker_tag: str) -> None:
+        """Start consumer ``tag`` on ``sub`` under ``broker_tag`` (the prefetch window's call:
+        it consumes again under a fresh tag when the window changes)."""
+        spec = self._consumers[tag]
         sub.basic_consume(
             queue=spec.queue,
-            consumer_tag=tag,
+            consumer_tag=broker_tag,
             no_ack=spec.no_ack,
             exclusive=spec.exclusive,
             callback=spec.callback,
             arguments=spec.arguments,
-            on_cancel=self._on_server_cancel(sub.beetle_link, spec),
+            on_cancel=self._on_server_cancel(sub, tag, spec),
         )
 
-    def _on_server_cancel(self, link: BrokerLink | None, spec: ConsumerSpec) -> Any:
+    def _on_server_cancel(self, sub: BrokerChannel, tag: str, spec: ConsumerSpec) -> Any:
         """What py-amqp calls when the broker cancels a consumer (its queue was deleted).
 
         Without it py-amqp raises ``ConsumerCancelled`` and the whole broker link would be
         dropped and reconnected, every delivery of every queue on it redone. Instead the
-        consumer alone is consumed again once its queue exists (:meth:`reconsume_due`)."""
+        consumer alone is consumed again once its queue exists (:meth:`reconsume_due`), as a
+        queue of unknown type (a migration may have made it a quorum queue)."""
+        link = sub.beetle_link
 
         def on_cancel(consumer_tag: str) -> None:
             logger.warning(
@@ -327,11 +379,13 @@ class BeetleChannel(base.StdChannel):
                 link.name if link is not None else "a broker",
                 spec.queue,
             )
+            self._window.forget(sub, tag)
+            self.connection.declarations.type_unknown(spec.queue)
             if link is not None:
                 now = time.monotonic()
-                self._cancelled[(link, consumer_tag)] = (now, now)
+                self._cancelled[(link, tag)] = (now, now)
             if spec.on_cancel is not None:
-                spec.on_cancel(consumer_tag)
+                spec.on_cancel(tag)
 
         return on_cancel
 
@@ -352,14 +406,14 @@ class BeetleChannel(base.StdChannel):
             self._cancelled[key] = (since, now)
             try:
                 sub = self._sub(link)
-                if tag in sub.callbacks:  # consumed again already (a reconnect)
+                if self._window.broker_tag(sub, tag) in sub.callbacks:  # a reconnect did it
                     del self._cancelled[key]
                     continue
                 if not _queue_exists(link, spec.queue):
                     if now - since < REDECLARE_AFTER_S:
                         continue
                     self.connection.declarations.replay(link, queue=spec.queue)
-                self._consume_on(sub, tag, spec)
+                self._window.consume(sub, tag, self._consumers)
                 del self._cancelled[key]
             except CHANNEL_ERRORS as exc:
                 logger.warning("beetle: cannot consume %r again on %s: %r", spec.queue, link, exc)
@@ -370,10 +424,12 @@ class BeetleChannel(base.StdChannel):
     def basic_cancel(self, consumer_tag: str, **kwargs: Any) -> None:
         self._consumers.pop(consumer_tag, None)
         for link, sub in list(self._live_subs()):
-            if consumer_tag not in sub.callbacks:
+            broker_tag = self._window.broker_tag(sub, consumer_tag)
+            self._window.forget(sub, consumer_tag)
+            if broker_tag is None or broker_tag not in sub.callbacks:
                 continue
             try:
-                sub.basic_cancel(consumer_tag)
+                sub.basic_cancel(broker_tag)
             except CHANNEL_ERRORS:
                 self._subs.pop(link, None)
             except CAUGHT_ERRORS as exc:
@@ -439,7 +495,7 @@ class BeetleChannel(base.StdChannel):
     def prepare_queue_arguments(self, arguments: Any, **kwargs: Any) -> Any:
         return to_rabbitmq_queue_arguments(arguments, **kwargs)
 
-    def message_to_python(self, raw_message: Any) -> pyamqp.Message:
+    def message_to_python(self, raw_message: Any) -> Delivery:
         channel = raw_message.channel
         link = getattr(channel, "beetle_link", None)
         if link is not None:
@@ -501,12 +557,19 @@ def inequivalent_arguments(exc: BaseException) -> bool:
     )
 
 
-def _tag_errors(callback: Any) -> Any:
-    """Mark exceptions from a consumer callback, so they are not taken for a broker failure."""
+def _tag_errors(callback: Any, tag: str) -> Any:
+    """Mark exceptions from a consumer callback, so they are not taken for a broker failure.
+
+    Each delivery carries the consumer tag kombu consumed with (``tag``), not the one its
+    broker knows: the prefetch window consumes again under fresh tags (``tag.N``), and the
+    worker recognises a queue's deliveries by kombu's tag (the gate's queue, a hand-back)."""
     if callback is None:
         return None
 
     def deliver(message: Any) -> Any:
+        info = getattr(message, "delivery_info", None)
+        if info is not None and info.get("consumer_tag") != tag:
+            info["consumer_tag"] = tag
         try:
             return callback(message)
         except BaseException as exc:

@@ -44,6 +44,8 @@ class DeclarationLog:
 
     def __init__(self) -> None:
         self._entries: dict[tuple[Any, ...], Declaration] = {}
+        #: queues the brokers may hold as another type than declared here
+        self._type_unknown: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -56,8 +58,25 @@ class DeclarationLog:
             return
         replay = {k: v for k, v in kwargs.items() if k != "nowait"}
         key = _key(method, replay)
+        if method == "queue_declare":
+            self._type_unknown.discard(replay.get("queue", ""))
         self._entries.pop(key, None)  # keep the newest last, after what it depends on
         self._entries[key] = Declaration(method, tuple(replay.items()))
+
+    def declared_classic(self, queue: str) -> bool:
+        """Can this connection vouch that ``queue`` is a classic queue on every broker? Only
+        if it declared it so, and no broker has since held it with other arguments or
+        cancelled its consumer (``beetle queues migrate`` may have made it a quorum queue)."""
+        decl = self._entries.get(("queue_declare", queue))
+        if decl is None or queue in self._type_unknown:
+            return False
+        arguments = decl.args.get("arguments") or {}
+        return str(arguments.get("x-queue-type", "classic")) == "classic"
+
+    def type_unknown(self, queue: str) -> None:
+        """A broker holds ``queue`` with other arguments than declared, or cancelled its
+        consumer: its type is unknown until this connection declares it again."""
+        self._type_unknown.add(queue)
 
     def forget(self, method: str, kwargs: dict[str, Any]) -> None:
         if method == "queue_delete":
@@ -105,6 +124,8 @@ class DeclarationLog:
                     # exists with other arguments (migrated) is consumed as it is
                     log = logger.warning if "inequivalent arg" in str(exc) else logger.error
                     log("beetle: cannot re-declare %s on %s: %r", decl, link.name, exc)
+                    if decl.method == "queue_declare":
+                        self.type_unknown(decl.args.get("queue", ""))
                     channel = conn.channel()
         finally:
             if channel.is_open:

@@ -142,18 +142,13 @@ class Transport(base.Transport):
         connection.heartbeat_tick(rate=rate)
 
     def qos_semantics_matches_spec(self, connection: BeetleConnection) -> bool:
-        """Always True, so that Celery asks for per-consumer prefetch (``basic.qos`` with
-        ``global=False``) on every RabbitMQ version.
-
-        pyamqp answers False for RabbitMQ 3.3 to 3.13, and Celery then sets a channel-wide
-        (global) prefetch, which a quorum queue refuses: ``basic.consume`` fails with 540
-        NOT_IMPLEMENTED and the broker closes the whole connection. Celery only switches to
-        per-consumer QoS when its own config declares a quorum queue, but a queue migrated to
-        quorum on the brokers (``beetle queues migrate``) is consumed by workers whose config
-        still says classic; per-consumer QoS works for both types. The cost: a prefetch
-        change reaches only consumers started after it (Celery logs "Prefetch count is now
-        static"), so a deferred copy holds its prefetch slot until it resolves."""
-        return True
+        """False: a prefetch change reaches the running consumers (Celery's "global QoS"),
+        on classic and quorum queues alike, on every RabbitMQ version. The channel applies
+        Celery's count channel-wide where it may, and per consumer, consuming again, where
+        it may not (:mod:`kombu_beetle.prefetch`); it does not follow Celery's ``global``
+        flag. So Celery widens the window for the countdown/ETA tasks it holds, and reduces
+        it after a reconnect and widens it back, as on pyamqp with RabbitMQ 3.x."""
+        return False
 
     def as_uri(self, uri: str, include_password: bool = False, mask: str = "**") -> str:
         return uri if include_password else mask_url(uri, mask)

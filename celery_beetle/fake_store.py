@@ -13,23 +13,27 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from celery_beetle.outcome import (
-    REPLAY_PUBLISHED,
-    REPLAY_STARTED,
     ClaimDecision,
     FailureDecision,
     FenceDecision,
     Limits,
     RejectDecision,
     Replay,
+    ReplayDecision,
+    ReplayMark,
+    dead_lettered_ttl_ms,
     decide_claim,
     decide_complete,
     decide_dead_lettered,
     decide_extend,
     decide_failure,
+    decide_mark_inbox,
     decide_reject,
     decide_release,
     decide_replay,
+    decide_start,
     key_ttl_ms,
+    replay_mark_ttl_ms,
 )
 from celery_beetle.state import MAX_OWNER_LENGTH, MessageFacts, State
 from celery_beetle.store import (
@@ -72,9 +76,20 @@ class FakeStore(Store):
         now = self.clock()
         return self._get(self._record_key(scope, message_id, now), now)
 
-    def claim(self, facts: MessageFacts, limits: Limits, owner: str) -> ClaimDecision:
+    def claim(
+        self, facts: MessageFacts, limits: Limits, owner: str, reserve_ms: int = 0
+    ) -> ClaimDecision:
         owner = owner[:MAX_OWNER_LENGTH]
-        return self._apply(facts, lambda state, now: decide_claim(state, facts, limits, owner, now))
+        return self._apply(
+            facts,
+            lambda state, now: decide_claim(state, facts, limits, owner, now, reserve_ms),
+        )
+
+    def start(self, facts: MessageFacts, token: int, limits: Limits) -> FenceDecision:
+        return self._apply(facts, lambda state, now: decide_start(state, token, limits, now))
+
+    def mark_inbox(self, facts: MessageFacts, token: int) -> FenceDecision:
+        return self._apply(facts, lambda state, now: decide_mark_inbox(state, token))
 
     def complete(self, facts: MessageFacts, token: int) -> FenceDecision:
         return self._apply(facts, lambda state, now: decide_complete(state, token))
@@ -88,9 +103,12 @@ class FakeStore(Store):
             lambda state, now: decide_failure(state, token, limits, retryable, now, owner),
         )
 
-    def extend(self, facts: MessageFacts, token: int, lease_timeout_ms: int) -> FenceDecision:
+    def extend(
+        self, facts: MessageFacts, token: int, lease_timeout_ms: int, reservation: bool = False
+    ) -> FenceDecision:
         return self._apply(
-            facts, lambda state, now: decide_extend(state, token, lease_timeout_ms, now)
+            facts,
+            lambda state, now: decide_extend(state, token, lease_timeout_ms, now, reservation),
         )
 
     def release(self, facts: MessageFacts, token: int, owner: str = "") -> FenceDecision:
@@ -104,7 +122,16 @@ class FakeStore(Store):
         )
 
     def dead_lettered(self, facts: MessageFacts) -> bool:
-        return self._apply(facts, lambda state, now: decide_dead_lettered(state))
+        self.round_trips += 1
+        now = self.clock()
+        key = self._record_key(facts.scope, facts.message_id, now)
+        marked, state = decide_dead_lettered(self._get(key, now))
+        if state is not None:
+            ttl = dead_lettered_ttl_ms(
+                state, now, self.ttl_margin_ms, self.dead_letter_retention_ms
+            )
+            self.records[key] = (state, now + ttl)
+        return marked
 
     def first_seen(self, facts: MessageFacts, keep_ms: int) -> int:
         self.round_trips += 1
@@ -130,33 +157,56 @@ class FakeStore(Store):
         return self.records[key][1] - now
 
     def replay(
-        self, scope: str, message_id: str, replay_id: str, mark_ttl_ms: int = REPLAY_MARK_TTL_MS
-    ) -> Replay:
+        self,
+        scope: str,
+        message_id: str,
+        replay_id: str,
+        *,
+        window_end_ms: int = 0,
+        expires_at_ms: int = 0,
+        force: bool = False,
+        mark_ttl_ms: int = REPLAY_MARK_TTL_MS,
+    ) -> ReplayDecision:
         self.round_trips += 1
         now = self.clock()
         mark_key = self.replay_mark_key(scope, message_id)
-        mark = self.marks.get(mark_key)
-        current = mark[0] if mark is not None and mark[1] > now else None
+        current = self._mark(mark_key, now)
         key = self._record_key(scope, message_id, now)
-        decision = decide_replay(self._get(key, now), current, replay_id)
-        if decision is Replay.RUN:
-            for record in (self.key(scope, message_id), self.legacy_key(scope, message_id)):
-                if record is not None:
-                    self.records.pop(record, None)
-            self.marks[mark_key] = (REPLAY_STARTED + replay_id, now + mark_ttl_ms)
-        return decision
+        state = self._get(key, now)
+        decision = decide_replay(state, current, replay_id, window_end_ms, now, force)
+        if decision is Replay.REPUBLISH:
+            marked = ReplayMark.parse(current)
+            return ReplayDecision(decision, marked.expires_at_ms if marked else 0)
+        if decision is not Replay.RUN:
+            return ReplayDecision(decision)
+        for record in (self.key(scope, message_id), self.legacy_key(scope, message_id)):
+            if record is not None:
+                self.records.pop(record, None)
+        ttl = replay_mark_ttl_ms(mark_ttl_ms, window_end_ms, expires_at_ms, now, self.ttl_margin_ms)
+        self.marks[mark_key] = (ReplayMark(False, replay_id, expires_at_ms).text(), now + ttl)
+        return ReplayDecision(decision, expires_at_ms)
 
     def replay_mark(self, scope: str, message_id: str) -> str | None:
         self.round_trips += 1
-        mark = self.marks.get(self.replay_mark_key(scope, message_id))
-        return mark[0] if mark is not None and mark[1] > self.clock() else None
+        return self._mark(self.replay_mark_key(scope, message_id), self.clock())
 
     def replay_published(
-        self, scope: str, message_id: str, replay_id: str, mark_ttl_ms: int = REPLAY_MARK_TTL_MS
+        self,
+        scope: str,
+        message_id: str,
+        replay_id: str,
+        expires_at_ms: int = 0,
+        mark_ttl_ms: int = REPLAY_MARK_TTL_MS,
     ) -> None:
         self.round_trips += 1
-        mark_key = self.replay_mark_key(scope, message_id)
-        self.marks[mark_key] = (REPLAY_PUBLISHED + replay_id, self.clock() + mark_ttl_ms)
+        now = self.clock()
+        ttl = replay_mark_ttl_ms(mark_ttl_ms, 0, expires_at_ms, now, self.ttl_margin_ms)
+        mark = ReplayMark(True, replay_id, expires_at_ms).text()
+        self.marks[self.replay_mark_key(scope, message_id)] = (mark, now + ttl)
+
+    def _mark(self, mark_key: str, now: int) -> str | None:
+        mark = self.marks.get(mark_key)
+        return mark[0] if mark is not None and mark[1] > now else None
 
     def _apply(
         self, facts: MessageFacts, rule: Callable[[State | None, int], tuple[D, State | None]]

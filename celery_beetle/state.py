@@ -16,7 +16,7 @@ field   attribute                   meaning
 ======  ==========================  =============================================
 ``s``   ``status``                  ``p`` pending, ``r`` running, ``c`` completed,
                                     ``f`` failed
-``a``   ``attempts``                claims granted so far (body starts)
+``a``   ``attempts``                body starts so far (a reservation is not one)
 ``e``   ``exceptions``              failures reported so far
 ``l``   ``lease_deadline_ms``       while running: the owner's lease ends here
 ``n``   ``retry_not_before_ms``     while pending: no claim before this time
@@ -26,9 +26,24 @@ field   attribute                   meaning
 ``w``   ``dead_letter_owed``        failed, and its dead letter is not stored yet:
                                     ``o`` publishes it until ``l``, then anyone may
 ``r``   ``reason``                  why it failed (a :class:`~.outcome.GiveUpReason`)
+``v``   ``reserved``                running, but the body has not begun: the gate's
+                                    claim, held for a delivery that waits for a pool
+                                    process. ``l`` is then a short reservation the
+                                    gate renews; the pool's start (``start.lua``)
+                                    counts the attempt and sets the full lease
+``i``   ``inbox``                   the body marked its effects as committed through
+                                    the inbox (:mod:`celery_beetle.outbox.inbox`): a
+                                    run cut short by a crash may start again, to find
+                                    its row, past ``attempts`` (see
+                                    :data:`~.outcome.INBOX_EXTRA_STARTS`)
 ======  ==========================  =============================================
 
-Absent fields read as 0 or ``""``: a completed record drops ``l``, ``n`` and ``o``.
+Absent fields read as 0 or ``""``: a completed record drops ``l``, ``n``, ``o`` and ``v``.
+
+``attempts`` counts bodies that began, never claims: a claim whose body never began (its
+delivery waited in a pool's queue when the worker was killed) holds only a reservation,
+which runs out within seconds (:data:`~.outcome.RESERVATION_MS`) unless the gate that made
+it renews it, and then any copy may claim the message again without using an attempt.
 
 A message leaves its queue only once its outcome, or its dead letter, is stored. So a give-up
 first writes ``f`` with ``w`` (the dead letter is owed), the worker publishes the dead letter,
@@ -49,7 +64,7 @@ from dataclasses import dataclass
 __all__ = ["FIELDS", "MAX_OWNER_LENGTH", "MessageFacts", "State", "Status"]
 
 #: Field order of a peek (HMGET) and of :meth:`State.from_values`.
-FIELDS: tuple[str, ...] = ("s", "a", "e", "l", "n", "o", "t", "x", "w", "r")
+FIELDS: tuple[str, ...] = ("s", "a", "e", "l", "n", "o", "t", "x", "w", "r", "v", "i")
 
 #: Owners longer than this are cut: Redis turns a hash whose value exceeds
 #: ``hash-max-listpack-value`` (64 by default) into a hashtable several times larger.
@@ -111,6 +126,8 @@ class State:
     expires_at_ms: int = 0
     dead_letter_owed: bool = False
     reason: str = ""
+    reserved: bool = False
+    inbox: bool = False
 
     @property
     def settled(self) -> bool:
@@ -125,7 +142,7 @@ class State:
             return None
         text = [v.decode() if isinstance(v, bytes) else v for v in values]
         text += [None] * (len(FIELDS) - len(text))
-        s, a, e, lease, n, o, t, x, w, r = text[: len(FIELDS)]
+        s, a, e, lease, n, o, t, x, w, r, v, i = text[: len(FIELDS)]
         return cls(
             status=Status(s),
             attempts=_int(a),
@@ -137,6 +154,8 @@ class State:
             expires_at_ms=_int(x),
             dead_letter_owed=bool(w),
             reason=r or "",
+            reserved=bool(v),
+            inbox=bool(i),
         )
 
 

@@ -20,10 +20,11 @@ replica a Sentinel promotes, and a message whose claim or completion is lost can
 same pipeline, still one round trip, and counts a write fewer than ``n`` replicas acknowledged
 as not stored (:class:`ReplicaAckTimeout`).
 
-A redundant pair that runs once costs 2 calls when the gate claims (claim, complete: see
-:mod:`celery_beetle.gate`; the second copy waits for its twin and is dropped without one),
-each pipelined with other deliveries' calls; 3 when the pool claims (gate read, claim,
-complete); beetle needs 8-9. ``round_trips`` counts them for ``benchmarks/bench_store.py``.
+A redundant pair that runs once costs 3 calls when the gate claims (the gate's reservation
+and completion, each pipelined with other deliveries' calls, and the pool's start as the
+body begins: see :mod:`celery_beetle.gate`; the second copy waits for its twin and is
+dropped without one); 3 when the pool claims (gate read, claim, complete); beetle needs
+8-9. ``round_trips`` counts them for ``benchmarks/bench_store.py``.
 
 :meth:`RedisStore.from_url` takes the URL forms of :mod:`celery_beetle.settings`: Redis,
 Sentinel or Cluster, with or without TLS.
@@ -47,7 +48,8 @@ from redis.sentinel import Sentinel
 from celery_beetle.keys import legacy_key, record_key, record_keys, replay_mark_key
 from celery_beetle.outcome import (
     DEAD_LETTER_LEASE_MS,
-    REPLAY_PUBLISHED,
+    DEAD_LETTER_RETENTION_MS,
+    INBOX_EXTRA_STARTS,
     Claim,
     ClaimDecision,
     Failure,
@@ -60,7 +62,10 @@ from celery_beetle.outcome import (
     RejectDecision,
     Rejected,
     Replay,
+    ReplayDecision,
+    ReplayMark,
     decide_gate,
+    replay_mark_ttl_ms,
 )
 from celery_beetle.settings import BeetleSettings, parse_store_url
 from celery_beetle.state import FIELDS, MAX_OWNER_LENGTH, MessageFacts, State, Status
@@ -176,8 +181,21 @@ class Store(abc.ABC):
         """The stored record, or None: the gate's one read."""
 
     @abc.abstractmethod
-    def claim(self, facts: MessageFacts, limits: Limits, owner: str) -> ClaimDecision:
-        """Take the lease before the body runs (:func:`~celery_beetle.outcome.decide_claim`)."""
+    def claim(
+        self, facts: MessageFacts, limits: Limits, owner: str, reserve_ms: int = 0
+    ) -> ClaimDecision:
+        """Take the lease before the body runs, or (``reserve_ms``) a reservation for a
+        delivery that waits for a pool process (:func:`~celery_beetle.outcome.decide_claim`)."""
+
+    @abc.abstractmethod
+    def start(self, facts: MessageFacts, token: int, limits: Limits) -> FenceDecision:
+        """The body begins on the reservation ``token``: the attempt counts, the full lease
+        starts (:func:`~celery_beetle.outcome.decide_start`)."""
+
+    @abc.abstractmethod
+    def mark_inbox(self, facts: MessageFacts, token: int) -> FenceDecision:
+        """The running body commits through the inbox
+        (:func:`~celery_beetle.outcome.decide_mark_inbox`)."""
 
     @abc.abstractmethod
     def complete(self, facts: MessageFacts, token: int) -> FenceDecision:
@@ -191,8 +209,11 @@ class Store(abc.ABC):
         ``owner`` (:func:`~.outcome.decide_failure`)."""
 
     @abc.abstractmethod
-    def extend(self, facts: MessageFacts, token: int, lease_timeout_ms: int) -> FenceDecision:
-        """Lengthen the owner's lease (:func:`~.outcome.decide_extend`)."""
+    def extend(
+        self, facts: MessageFacts, token: int, lease_timeout_ms: int, reservation: bool = False
+    ) -> FenceDecision:
+        """Lengthen the owner's lease, or renew a reservation whose body has not begun
+        (:func:`~.outcome.decide_extend`)."""
 
     @abc.abstractmethod
     def release(self, facts: MessageFacts, token: int, owner: str = "") -> FenceDecision:
@@ -222,19 +243,39 @@ class Store(abc.ABC):
     def ttl_ms(self, scope: str, message_id: str) -> int | None:
         """Milliseconds until the record expires; None if there is no record."""
 
+    #: a record whose dead letter is stored is kept this long at least (``dead_lettered``)
+    dead_letter_retention_ms: int = DEAD_LETTER_RETENTION_MS
+
     @abc.abstractmethod
     def replay(
-        self, scope: str, message_id: str, replay_id: str, mark_ttl_ms: int = REPLAY_MARK_TTL_MS
-    ) -> Replay:
-        """May the dead letter ``replay_id`` of this message be replayed? On RUN the record
-        is deleted and the mark ``r:<replay_id>`` written (:func:`~.outcome.decide_replay`)."""
+        self,
+        scope: str,
+        message_id: str,
+        replay_id: str,
+        *,
+        window_end_ms: int = 0,
+        expires_at_ms: int = 0,
+        force: bool = False,
+        mark_ttl_ms: int = REPLAY_MARK_TTL_MS,
+    ) -> ReplayDecision:
+        """May the dead letter ``replay_id`` of this message be replayed
+        (:func:`~.outcome.decide_replay`)? ``window_end_ms``: the dead letter's message's
+        expiry (0: unknown); ``expires_at_ms``: the expiry of the copy this replay would
+        publish. On RUN the record is deleted and the mark ``r:<replay_id>:<expires_at_ms>``
+        written, kept for :func:`~.outcome.replay_mark_ttl_ms`."""
 
     @abc.abstractmethod
     def replay_published(
-        self, scope: str, message_id: str, replay_id: str, mark_ttl_ms: int = REPLAY_MARK_TTL_MS
+        self,
+        scope: str,
+        message_id: str,
+        replay_id: str,
+        expires_at_ms: int = 0,
+        mark_ttl_ms: int = REPLAY_MARK_TTL_MS,
     ) -> None:
-        """The replay's publish is confirmed: mark ``p:<replay_id>``, so a later replay of
-        the same dead letter only acks it."""
+        """The replay's publish (of a copy expiring at ``expires_at_ms``) is confirmed: mark
+        ``p:<replay_id>:<expires_at_ms>``, so a later replay of the same dead letter only
+        acks it."""
 
     @abc.abstractmethod
     def replay_mark(self, scope: str, message_id: str) -> str | None:
@@ -260,6 +301,8 @@ class RedisStore(Store):
 
     SCRIPTS = (
         "claim",
+        "start",
+        "mark_inbox",
         "complete",
         "fail",
         "extend",
@@ -319,13 +362,15 @@ class RedisStore(Store):
         cls, settings: BeetleSettings, *, clock: Callable[[], int] = wall_clock_ms
     ) -> RedisStore:
         """The store that ``app.conf`` describes (see :class:`~.settings.BeetleSettings`)."""
-        return cls.from_url(
+        store = cls.from_url(
             settings.redis_url,
             key_prefix=settings.key_prefix,
             ttl_margin_ms=settings.key_ttl_margin_ms,
             clock=clock,
             wait_replicas=settings.redis_wait_replicas,
         )
+        store.dead_letter_retention_ms = settings.dead_letter_retention_ms
+        return store
 
     def __repr__(self) -> str:
         return f"<RedisStore {self.client!r} prefix={self.key_prefix!r}>"
@@ -352,10 +397,14 @@ class RedisStore(Store):
             pipe.hmget(key, FIELDS)
         return first_record(pipe.execute())
 
-    def claim(self, facts: MessageFacts, limits: Limits, owner: str) -> ClaimDecision:
-        return self.execute(self.claim_call(facts, limits, owner))
+    def claim(
+        self, facts: MessageFacts, limits: Limits, owner: str, reserve_ms: int = 0
+    ) -> ClaimDecision:
+        return self.execute(self.claim_call(facts, limits, owner, reserve_ms))
 
-    def claim_call(self, facts: MessageFacts, limits: Limits, owner: str) -> ScriptCall:
+    def claim_call(
+        self, facts: MessageFacts, limits: Limits, owner: str, reserve_ms: int = 0
+    ) -> ScriptCall:
         """The claim as a :class:`ScriptCall`, for a caller that batches it (the gate)."""
         now = self.clock()
         args = (
@@ -366,8 +415,17 @@ class RedisStore(Store):
             owner[:MAX_OWNER_LENGTH],
             self.ttl_margin_ms,
             DEAD_LETTER_LEASE_MS,
+            reserve_ms,
+            INBOX_EXTRA_STARTS,
         )
         return self._call("claim", facts, args, lambda reply: _claim_decision(reply, now))
+
+    def start(self, facts: MessageFacts, token: int, limits: Limits) -> FenceDecision:
+        args = (token, self.clock(), limits.lease_timeout_ms, self.ttl_margin_ms)
+        return self.execute(self._call("start", facts, args, _fence))
+
+    def mark_inbox(self, facts: MessageFacts, token: int) -> FenceDecision:
+        return self.execute(self._call("mark_inbox", facts, (token,), _fence))
 
     def complete(self, facts: MessageFacts, token: int) -> FenceDecision:
         return self.execute(self.complete_call(facts, token))
@@ -406,11 +464,17 @@ class RedisStore(Store):
             )
         return FailureDecision(Failure.NOT_OWNER)
 
-    def extend(self, facts: MessageFacts, token: int, lease_timeout_ms: int) -> FenceDecision:
-        reply = self._run(
-            "extend", facts, token, self.clock(), lease_timeout_ms, self.ttl_margin_ms
-        )
-        return _fence(reply)
+    def extend(
+        self, facts: MessageFacts, token: int, lease_timeout_ms: int, reservation: bool = False
+    ) -> FenceDecision:
+        return self.execute(self.extend_call(facts, token, lease_timeout_ms, reservation))
+
+    def extend_call(
+        self, facts: MessageFacts, token: int, lease_timeout_ms: int, reservation: bool = False
+    ) -> ScriptCall:
+        """The extension as a :class:`ScriptCall` (the gate batches its renewals)."""
+        args = (token, self.clock(), lease_timeout_ms, self.ttl_margin_ms, int(reservation))
+        return self._call("extend", facts, args, _fence)
 
     def release(self, facts: MessageFacts, token: int, owner: str = "") -> FenceDecision:
         owner = owner[:MAX_OWNER_LENGTH]
@@ -433,7 +497,14 @@ class RedisStore(Store):
         return RejectDecision(Rejected(reply[0]))
 
     def dead_lettered(self, facts: MessageFacts) -> bool:
-        return self._run("dead_lettered", facts, self.clock(), self.ttl_margin_ms)[0] == "ok"
+        reply = self._run(
+            "dead_lettered",
+            facts,
+            self.clock(),
+            self.ttl_margin_ms,
+            self.dead_letter_retention_ms,
+        )
+        return reply[0] == "ok"
 
     def first_seen(self, facts: MessageFacts, keep_ms: int) -> int:
         return int(self._run("first_seen", facts, self.clock(), keep_ms)[0])
@@ -456,20 +527,37 @@ class RedisStore(Store):
         return None if ttl == -2 else ttl
 
     def replay(
-        self, scope: str, message_id: str, replay_id: str, mark_ttl_ms: int = REPLAY_MARK_TTL_MS
-    ) -> Replay:
+        self,
+        scope: str,
+        message_id: str,
+        replay_id: str,
+        *,
+        window_end_ms: int = 0,
+        expires_at_ms: int = 0,
+        force: bool = False,
+        mark_ttl_ms: int = REPLAY_MARK_TTL_MS,
+    ) -> ReplayDecision:
         self.round_trips += 1
+        now = self.clock()
         keys = [self.replay_mark_key(scope, message_id), *self.record_keys(scope, message_id)]
-        reply = self._replay_script(keys=keys, args=[replay_id, mark_ttl_ms])
-        value = reply[0]
-        return Replay(value.decode() if isinstance(value, bytes) else value)
+        ttl = replay_mark_ttl_ms(mark_ttl_ms, window_end_ms, expires_at_ms, now, self.ttl_margin_ms)
+        args = [replay_id, ttl, now, window_end_ms, expires_at_ms, "1" if force else "0"]
+        reply = decoded(self._replay_script(keys=keys, args=args))
+        return ReplayDecision(Replay(reply[0]), int(reply[1]) if len(reply) > 1 else 0)
 
     def replay_published(
-        self, scope: str, message_id: str, replay_id: str, mark_ttl_ms: int = REPLAY_MARK_TTL_MS
+        self,
+        scope: str,
+        message_id: str,
+        replay_id: str,
+        expires_at_ms: int = 0,
+        mark_ttl_ms: int = REPLAY_MARK_TTL_MS,
     ) -> None:
         self.round_trips += 1
-        mark = self.replay_mark_key(scope, message_id)
-        self.client.set(mark, REPLAY_PUBLISHED + replay_id, px=mark_ttl_ms)
+        now = self.clock()
+        mark = ReplayMark(True, replay_id, expires_at_ms).text()
+        ttl = replay_mark_ttl_ms(mark_ttl_ms, 0, expires_at_ms, now, self.ttl_margin_ms)
+        self.client.set(self.replay_mark_key(scope, message_id), mark, px=ttl)
 
     def replay_mark(self, scope: str, message_id: str) -> str | None:
         self.round_trips += 1
@@ -583,9 +671,13 @@ def _claim_decision(reply: Sequence[Any], now: int) -> ClaimDecision:
 
 
 def _fence(reply: Sequence[Any]) -> FenceDecision:
-    """Read the {'ok'[, deadline]} / {'not_owner', status, token} replies."""
+    """Read the {'ok'[, deadline[, attempt]]} / {'not_owner', status, token} replies."""
     if reply[0] == "ok":
-        return FenceDecision(Fence.OK, lease_deadline_ms=reply[1] if len(reply) > 1 else 0)
+        return FenceDecision(
+            Fence.OK,
+            lease_deadline_ms=reply[1] if len(reply) > 1 else 0,
+            attempt=reply[2] if len(reply) > 2 else 0,
+        )
     return FenceDecision(
         Fence.NOT_OWNER, status=Status(reply[1]) if reply[1] else None, token=reply[2]
     )

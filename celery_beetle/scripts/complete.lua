@@ -9,7 +9,8 @@
 -- Returns {'ok'} (also when this token's completion is already recorded, so a lost reply
 -- can be retried), or {'not_owner', status, token} with the stored status ('' if no record)
 -- and token: the record is not running under this token (the lease was taken over).
--- A completed record keeps only s, a, e, t and x: it stays until the message expires.
+-- A completed record keeps only s, a, e, t and x (and the replay fields): it stays until
+-- the message expires.
 
 local token = tonumber(ARGV[1])
 local now = tonumber(ARGV[2])
@@ -25,6 +26,6 @@ if fields[1] ~= 'r' or stored_token ~= token then
 end
 
 redis.call('HSET', key, 's', 'c')
-redis.call('HDEL', key, 'l', 'n', 'o')
+redis.call('HDEL', key, 'l', 'n', 'o', 'v', 'i')
 redis.call('PEXPIRE', key, math.max((tonumber(fields[3]) or 0) - now, 0) + margin)
 return {'ok'}

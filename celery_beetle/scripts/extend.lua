@@ -6,6 +6,8 @@
 -- ARGV[2]  now_ms
 -- ARGV[3]  lease_timeout_ms
 -- ARGV[4]  ttl_margin_ms
+-- ARGV[5]  reservation        1: the gate renews a reservation (field v); once the body has
+--                             begun the full lease stands, unchanged and not shortened
 --
 -- Returns {'ok', lease_deadline_ms}, or {'not_owner', status, token} as complete.lua does.
 
@@ -13,11 +15,15 @@ local token = tonumber(ARGV[1])
 local now = tonumber(ARGV[2])
 local deadline = now + tonumber(ARGV[3])
 local margin = tonumber(ARGV[4])
+local reservation = tonumber(ARGV[5]) or 0
 
-local fields = redis.call('HMGET', key, 's', 't', 'x')
+local fields = redis.call('HMGET', key, 's', 't', 'x', 'v', 'l')
 local stored_token = tonumber(fields[2]) or 0
 if fields[1] ~= 'r' or stored_token ~= token then
   return {'not_owner', fields[1] or '', stored_token}
+end
+if reservation == 1 and not fields[4] then
+  return {'ok', tonumber(fields[5]) or 0}
 end
 
 redis.call('HSET', key, 'l', deadline)

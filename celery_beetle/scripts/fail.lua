@@ -64,7 +64,7 @@ if reason then
   local deadline = now + dead_letter_lease
   redis.call('HSET', key, 's', 'f', 'e', exceptions, 'w', 1, 'r', reason, 'o', owner,
     'l', deadline)
-  redis.call('HDEL', key, 'n')
+  redis.call('HDEL', key, 'n', 'v', 'i')
   redis.call('PEXPIRE', key, math.max(expires_at, deadline) - now + margin)
   return {'give_up', reason, attempts, exceptions}
 end
@@ -76,6 +76,6 @@ if delay_ms > 0 then
 end
 local not_before = now + delay
 redis.call('HSET', key, 's', 'p', 'e', exceptions, 'n', not_before)
-redis.call('HDEL', key, 'l', 'o')
+redis.call('HDEL', key, 'l', 'o', 'v', 'i')
 redis.call('PEXPIRE', key, math.max(expires_at, not_before) - now + margin)
 return {'retry', delay, not_before, attempts, exceptions}

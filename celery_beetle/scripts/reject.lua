@@ -35,6 +35,6 @@ end
 local deadline = now + dead_letter_lease
 redis.call('HSET', key, 's', 'f', 'x', expires_at, 'w', 1, 'r', reason, 'o', owner,
   'l', deadline)
-redis.call('HDEL', key, 'n')
+redis.call('HDEL', key, 'n', 'v', 'i')
 redis.call('PEXPIRE', key, math.max(expires_at, deadline) - now + margin)
 return {'first'}

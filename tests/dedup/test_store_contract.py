@@ -154,6 +154,104 @@ def test_a_claim_whose_reply_never_came_is_released_by_its_owner(store, clock):
     assert store.claim(msg, LIMITS, "run-c").attempt == 1
 
 
+# Reservations: the gate's claim counts no attempt until the body begins
+
+
+RESERVE_MS = 10_000
+
+
+def test_a_reservation_counts_no_attempt_until_the_pool_starts_the_body(store, clock):
+    msg = message(clock)
+    claim = store.claim(msg, LIMITS, "gate", RESERVE_MS)
+    assert (claim.outcome, claim.token, claim.attempt) == (Claim.ACQUIRED, 1, 1)
+    assert claim.lease_deadline_ms == clock() + RESERVE_MS
+    reserved = store.peek(msg.queue, msg.message_id)
+    assert (reserved.attempts, reserved.reserved) == (0, True)
+    clock.advance(2_000)
+    started = store.start(msg, claim.token, LIMITS)
+    assert (started.outcome, started.attempt) == (Fence.OK, 1)
+    assert started.lease_deadline_ms == clock() + LEASE_MS
+    record = store.peek(msg.queue, msg.message_id)
+    assert (record.attempts, record.reserved, record.lease_deadline_ms) == (
+        1,
+        False,
+        clock() + LEASE_MS,
+    )
+    assert store.start(msg, claim.token, LIMITS) == started  # a retry after a lost reply
+
+
+def test_a_reservation_that_ran_out_is_taken_over_without_using_an_attempt(store, clock):
+    msg = message(clock)
+    once = Limits(lease_timeout_ms=LEASE_MS, attempts=1)
+    first = store.claim(msg, once, "gate-a", RESERVE_MS)  # its worker is killed: never starts
+    clock.advance(RESERVE_MS + 1)
+    second = store.claim(msg, once, "gate-b", RESERVE_MS)
+    assert (second.outcome, second.attempt, second.taken_over) == (Claim.ACQUIRED, 1, False)
+    assert store.start(msg, first.token, once).outcome is Fence.NOT_OWNER  # too late
+    assert store.start(msg, second.token, once).attempt == 1
+    assert store.complete(msg, second.token).ok
+
+
+def test_a_body_that_began_and_was_cut_short_uses_its_attempt(store, clock):
+    msg = message(clock)
+    once = Limits(lease_timeout_ms=LEASE_MS, attempts=1)
+    claim = store.claim(msg, once, "gate-a", RESERVE_MS)
+    store.start(msg, claim.token, once)
+    clock.advance(LEASE_MS + 1)
+    taken = store.claim(msg, once, "gate-b", RESERVE_MS)
+    assert (taken.outcome, taken.reason) == (Claim.DEAD_LETTER, "attempts_limit")
+
+
+def test_a_renewed_reservation_is_not_taken_over_and_a_renewal_never_shortens_a_lease(store, clock):
+    msg = message(clock)
+    claim = store.claim(msg, LIMITS, "gate", RESERVE_MS)
+    clock.advance(RESERVE_MS - 1_000)
+    renewed = store.extend(msg, claim.token, RESERVE_MS, reservation=True)
+    assert renewed.lease_deadline_ms == clock() + RESERVE_MS
+    clock.advance(2_000)
+    assert store.claim(msg, LIMITS, "other", RESERVE_MS).outcome is Claim.LOCKED
+    started = store.start(msg, claim.token, LIMITS)
+    again = store.extend(msg, claim.token, RESERVE_MS, reservation=True)
+    assert (again.outcome, again.lease_deadline_ms) == (Fence.OK, started.lease_deadline_ms)
+    assert store.peek(msg.queue, msg.message_id).lease_deadline_ms == started.lease_deadline_ms
+
+
+def test_releasing_a_reservation_leaves_the_attempts_as_they_were(store, clock):
+    msg = message(clock)
+    claim = store.claim(msg, LIMITS, "gate", RESERVE_MS)
+    assert store.release(msg, claim.token).ok
+    assert store.peek(msg.queue, msg.message_id).attempts == 0
+    by_owner = store.claim(msg, LIMITS, "gate-2", RESERVE_MS)
+    assert store.release(msg, 0, "gate-2").ok  # a claim whose reply never came
+    assert by_owner.acquired and store.peek(msg.queue, msg.message_id).attempts == 0
+
+
+def test_a_crashed_run_that_marked_the_inbox_may_start_again_past_its_attempts(store, clock):
+    msg = message(clock)
+    once = Limits(lease_timeout_ms=LEASE_MS, attempts=1)
+    claim = store.claim(msg, once, "gate-a", RESERVE_MS)
+    store.start(msg, claim.token, once)
+    assert store.mark_inbox(msg, claim.token).ok
+    clock.advance(LEASE_MS + 1)  # killed right after its commit
+    second = store.claim(msg, once, "gate-b", RESERVE_MS)
+    assert (second.outcome, second.attempt) == (Claim.ACQUIRED, 2)
+    assert store.start(msg, second.token, once).attempt == 2
+    clock.advance(LEASE_MS + 1)
+    third = store.claim(msg, once, "gate-c", RESERVE_MS)
+    assert third.acquired and store.start(msg, third.token, once).attempt == 3
+    clock.advance(LEASE_MS + 1)  # a body that kills its worker every time still gives up
+    assert store.claim(msg, once, "gate-d", RESERVE_MS).outcome is Claim.DEAD_LETTER
+
+
+def test_an_inbox_mark_gives_no_extra_attempt_to_a_body_that_raised(store, clock):
+    msg = message(clock)
+    once = Limits(lease_timeout_ms=LEASE_MS, attempts=1)
+    claim = store.claim(msg, once, "w")
+    store.mark_inbox(msg, claim.token)
+    failure = store.fail(msg, claim.token, once, retryable=True, owner="w")
+    assert (failure.outcome, failure.reason) == (Failure.GIVE_UP, GiveUpReason.ATTEMPTS_LIMIT)
+
+
 def test_first_seen_is_kept_across_calls(store, clock):
     msg = message(clock)
     first = store.first_seen(msg, 60_000)
@@ -486,8 +584,8 @@ def test_fake_and_redis_agree_on_random_histories(redis_url):
             )
             use = token if rng.random() < 0.8 else token - 1
             operation = rng.choice(
-                ["gate", "claim", "claim", "complete", "fail", "extend", "release", "reject",
-                 "dead_lettered"]
+                ["gate", "claim", "claim", "reserve", "start", "renew", "mark_inbox",
+                 "complete", "fail", "extend", "release", "reject", "dead_lettered"]
             )  # fmt: skip
             owner = rng.choice(["w", "v"])
             answers: tuple[object, object]
@@ -497,6 +595,23 @@ def test_fake_and_redis_agree_on_random_histories(redis_url):
                 answers = fake.claim(msg, limits, owner), real.claim(msg, limits, owner)
                 if answers[0].acquired:
                     slots[index] = msg, answers[0].token
+            elif operation == "reserve":
+                reserve = rng.choice([500, 1_500])
+                answers = (
+                    fake.claim(msg, limits, owner, reserve),
+                    real.claim(msg, limits, owner, reserve),
+                )
+                if answers[0].acquired:
+                    slots[index] = msg, answers[0].token
+            elif operation == "start":
+                answers = fake.start(msg, use, limits), real.start(msg, use, limits)
+            elif operation == "renew":
+                answers = (
+                    fake.extend(msg, use, 1_000, reservation=True),
+                    real.extend(msg, use, 1_000, reservation=True),
+                )
+            elif operation == "mark_inbox":
+                answers = fake.mark_inbox(msg, use), real.mark_inbox(msg, use)
             elif operation == "complete":
                 answers = fake.complete(msg, use), real.complete(msg, use)
             elif operation == "fail":
@@ -535,5 +650,10 @@ def test_fake_and_redis_agree_on_random_histories(redis_url):
         ("extend", "Fence.OK"),
         ("release", "Fence.OK"),
         ("gate", "Gate.DEFER"),
+        ("reserve", "Claim.ACQUIRED"),
+        ("start", "Fence.OK"),
+        ("start", "Fence.NOT_OWNER"),
+        ("renew", "Fence.OK"),
+        ("mark_inbox", "Fence.OK"),
     ]:
         assert expected in seen, expected

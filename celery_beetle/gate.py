@@ -4,12 +4,17 @@ Every copy of every redundant message reaches the worker; only one may run. The 
 each delivery with at most one Redis call, and either lets it through to Celery's strategy
 (and so to the pool), or keeps it from ever taking a pool slot. On Celery's event loop that
 call is the **claim** itself, pipelined with the other calls of the loop pass: a delivery
-that may run goes to the pool holding its lease (:class:`~celery_beetle.facts.GateClaim`),
-the pool makes no round trip, and when the run succeeded the gate stores the completion
+that may run goes to the pool holding a *reservation* (:class:`~celery_beetle.facts.GateClaim`,
+:data:`~celery_beetle.outcome.RESERVATION_MS`): it keeps other copies away but counts no
+attempt, and the gate renews it in its batches while the delivery waits for a pool process.
+The pool's start, as the body begins, counts the attempt and starts the full lease, so a
+worker killed with deliveries in its pool's queue leaves them to other copies within one
+reservation, their attempts unused. When the run succeeded the gate stores the completion
 (pipelined again) before it acks (:meth:`DeliveryGate.complete_before_ack`). A redundant
-pair then costs two calls, each sharing a round trip with others. Where the gate cannot
-claim (no event loop, a Redis Cluster, replicas to wait for, a task with an ETA) the call is a
-read and the pool claims and completes, as :mod:`celery_beetle.run` describes.
+pair then costs three calls (reserve, start, complete), the gate's two sharing round trips
+with others. Where the gate cannot claim (no event loop, a Redis Cluster, replicas to wait
+for, a task with an ETA) the call is a read and the pool claims and completes, as
+:mod:`celery_beetle.run` describes.
 
 =================  =====================================================================
 what it finds      what it does
@@ -28,7 +33,7 @@ its twin running   **wait**: the other copy went to the pool from *this* worker 
 here               been acked yet; no Redis call. When that run completes, the waiting copy
                    is dropped at once; after any other ending (retry, failure, a lease
                    taken over) it goes through the gate again. This is what makes a
-                   redundant pair cost 2 calls (claim, complete) and no pool slot for the
+                   redundant pair cost 3 calls (reserve, start, complete) and no pool slot for the
                    second copy, though both copies arrive almost together
 expired            **expired**: ack and drop, without asking Redis
 Redis unavailable  **park**: keep the delivery unacked and unprocessed, and stop asking
@@ -98,8 +103,9 @@ from celery_beetle.facts import (
     facts_header,
     message_facts,
 )
-from celery_beetle.handback import HandBacks, ack, channel_open
+from celery_beetle.handback import HandBacks, ack, channel_open, requeue
 from celery_beetle.outcome import (
+    RESERVATION_MS,
     Claim,
     ClaimDecision,
     FenceDecision,
@@ -197,6 +203,9 @@ class DeliveryGate(BadInputHandling):
     claims_for: Callable[[Any, str], Limits | None] = field(default=lambda message, name: None)
     #: a completion that could not be stored is tried again after this, doubling to 5 s
     completion_retry_s: float = 0.1
+    #: ``handing_back(message)``: True while its queue is handed back to its brokers (a
+    #: queue migration: :mod:`celery_beetle.ops.handback_control`); requeued, not examined
+    handing_back: Callable[[Any], bool] = field(default=lambda message: False)
 
     def __post_init__(self) -> None:
         self.generation = 0
@@ -214,6 +223,10 @@ class DeliveryGate(BadInputHandling):
         self._owner_base = f"{secrets.token_hex(3)}@{self.worker or socket.gethostname()}"
         #: acks of completions stored in this batch, made once their events are written
         self._acks_after_trace: list[Callable[[], None]] = []
+        #: reservations of deliveries handed to the pool, renewed until their run ends:
+        #: identity -> (facts, token, reservation ms)
+        self._reserved: dict[tuple[str, str], tuple[MessageFacts, int, int]] = {}
+        self._renewing = False
         self._trace_before_ack = self.reads is not None and getattr(self.tracer, "enabled", False)
         if self.reads is not None and self._trace_before_ack:
             self.reads.after_batch = self.after_batch
@@ -272,6 +285,7 @@ class DeliveryGate(BadInputHandling):
         self._in_flight.clear()
         self._waiting.clear()
         self._parked.clear()
+        self._reserved.clear()
         self.deferred = self.deferred_bytes = 0
 
     @property
@@ -282,6 +296,10 @@ class DeliveryGate(BadInputHandling):
     # -- the decision ------------------------------------------------------------------------
 
     def _examine(self, d: Delivery) -> str:
+        if self.handing_back(d.message):
+            self.stats["given_back"] += 1
+            requeue(d.message)
+            return "given_back"
         if self.paused:
             self._parked.append(d)
             self.stats["parked"] += 1
@@ -331,6 +349,7 @@ class DeliveryGate(BadInputHandling):
             return self._decide(d, decide_gate(None, d.facts, now))
         limits = self.claims_for(d.message, d.task_name)
         owner = self._next_owner() if limits is not None else ""
+        reserve_ms = min(RESERVATION_MS, limits.lease_timeout_ms) if limits is not None else 0
         key = d.key
         self._in_flight.add(key)
 
@@ -351,7 +370,7 @@ class DeliveryGate(BadInputHandling):
                 return
             try:
                 if owner:
-                    self._claimed(d, answer, owner)
+                    self._claimed(d, answer, owner, reserve_ms)
                 else:
                     self._decide(d, decide_gate(answer, d.facts, self.clock()))
             except Exception as error:
@@ -365,19 +384,24 @@ class DeliveryGate(BadInputHandling):
 
         assert self.reads is not None
         if limits is not None:
-            self.reads.claim(d.facts, limits, owner, answered)
+            self.reads.claim(d.facts, limits, owner, answered, reserve_ms=reserve_ms)
         else:
             self.reads.read(d.facts, answered)
         return "reading"
 
-    def _claimed(self, d: Delivery, claim: ClaimDecision, owner: str) -> str:
-        """Go on from the gate's claim as the pool would have (:class:`~.run.Run`)."""
+    def _claimed(
+        self, d: Delivery, claim: ClaimDecision, owner: str, reserve_ms: int = RESERVATION_MS
+    ) -> str:
+        """Go on from the gate's claim as the pool would have (:class:`~.run.Run`). An
+        acquired claim is a reservation: renewed here until the run ends, and turned into
+        the run's lease by the pool's start as the body begins."""
         outcome = claim.outcome
         self.claims[outcome] += 1
         if outcome is Claim.ACQUIRED:
             if claim.taken_over:
                 self.stats["taken_over"] += 1
             given = GateClaim(owner, claim.token, claim.attempt, claim.lease_deadline_ms)
+            self._reserve(d.key, d.facts, claim.token, reserve_ms)
             return self._run(d, given)
         if outcome is Claim.DEAD_LETTER:  # the pool publishes it, as for its own claim
             reason = claim.reason or "attempts_limit"
@@ -429,6 +453,7 @@ class DeliveryGate(BadInputHandling):
                 self._pool_handed_back(d, mark, reject, done)
                 return
             finished = True
+            self._unreserve(key, d.generation)
             facts = (d.message.headers or {}).get(FACTS_HEADER)
             completed = isinstance(facts, dict) and bool(facts.get(COMPLETED_MARK))
             self._finished(key, d.generation, completed)
@@ -479,6 +504,53 @@ class DeliveryGate(BadInputHandling):
                 self._drop(d, "duplicate", status=Status.COMPLETED)
             return
         self.call_later(0, lambda: self._wake(waiters))
+
+    # -- reservations ----------------------------------------------------------------------
+
+    def _reserve(self, key: tuple[str, str], facts: MessageFacts, token: int, ms: int) -> None:
+        """Keep the reservation of a delivery handed to the pool alive while it waits for a
+        pool process: a worker killed meanwhile leaves it to another copy within one
+        reservation (seconds), not a lease; a body never starts on it (the pool's start
+        gives the full lease). Renewals ride in the batches, every third of a reservation."""
+        if ms <= 0 or self.reads is None:
+            return
+        self._reserved[key] = (facts, token, ms)
+        if not self._renewing:
+            self._renewing = True
+            self.call_later(ms / 3000, self._renew_reservations)
+
+    def _unreserve(self, key: tuple[str, str], generation: int) -> None:
+        if generation == self.generation:
+            self._reserved.pop(key, None)
+
+    def _renew_reservations(self) -> None:
+        self._renewing = False
+        if not self._reserved or self.reads is None:
+            return
+        if not self.paused:  # while Redis is away the reservations may run out: the pool's
+            # start then finds out, and hands its delivery back if another copy took it
+            for key, (facts, token, ms) in list(self._reserved.items()):
+                self.reads.renew(facts, token, ms, self._renewed(key, token))
+        self._renewing = True
+        shortest = min(ms for _, _, ms in self._reserved.values())
+        self.call_later(shortest / 3000, self._renew_reservations)
+
+    def _renewed(
+        self, key: tuple[str, str], token: int
+    ) -> Callable[[FenceDecision | None, BaseException | None], None]:
+        def answered(fence: FenceDecision | None, exc: BaseException | None) -> None:
+            if exc is not None:
+                logger.debug("beetle: cannot renew a reservation (%r); trying again", exc)
+                return
+            held = self._reserved.get(key)
+            if fence is None or held is None or held[1] != token:
+                return
+            if not fence.ok:  # another copy holds it now: the pool's start will see that
+                del self._reserved[key]
+            elif fence.lease_deadline_ms > self.clock() + held[2] + 1000:
+                del self._reserved[key]  # its body began: the run's lease stands
+
+        return answered
 
     # -- completions stored before the ack ----------------------------------------------------
 
@@ -593,6 +665,26 @@ class DeliveryGate(BadInputHandling):
             if d.generation == self.generation:
                 self._examine(d)
 
+    def give_back_held(self) -> int:
+        """Requeue now every waiting or parked copy that :attr:`handing_back` names (a
+        waiting copy's twin may be held for hours, as an ETA task from another queue);
+        deferred ones go back when they are next looked at. Returns how many."""
+        given = 0
+        for key, waiters in list(self._waiting.items()):
+            back = [d for d in waiters if self.handing_back(d.message)]
+            for d in back:
+                waiters.remove(d)
+                requeue(d.message)
+            if not waiters:
+                del self._waiting[key]
+            given += len(back)
+        back = [d for d in self._parked if self.handing_back(d.message)]
+        self._parked = [d for d in self._parked if d not in back]
+        for d in back:
+            requeue(d.message)
+        self.stats["given_back"] += given + len(back)
+        return given + len(back)
+
     def hand_back(self, message: Any) -> str:
         """Requeue a delivery after a backoff (for a caller whose step failed)."""
         return self._hand_back(message, None)
@@ -620,8 +712,9 @@ class DeliveryGate(BadInputHandling):
         long before its lease does, so under a lease the copy is looked at again after
         50 ms, 100 ms, 200 ms, ... (not later than the lease's end): its ack, and the
         memory and prefetch slot it holds, need not wait for a lease sized for the worst
-        case. Soon matters: with per-consumer prefetch (the transport's, so that quorum
-        queues can be consumed) a deferred copy cannot widen the window, it holds a slot."""
+        case. Soon matters: a deferred copy holds a slot of the prefetch window until it
+        is looked at again (the transport widens the window for it: kombu_beetle.prefetch,
+        but only within max_deferred)."""
         self.stats["deferred"] += 1
         self.deferred += 1
         self.deferred_bytes += d.size

@@ -110,9 +110,24 @@ class PipelinedReads:
             )
         )
 
-    def claim(self, facts: MessageFacts, limits: Any, owner: str, callback: CallCallback) -> None:
-        """The claim of ``facts`` for ``owner``; ``callback`` gets a ``ClaimDecision``."""
-        self.call(self.store.claim_call(facts, limits, owner), callback)
+    def claim(
+        self,
+        facts: MessageFacts,
+        limits: Any,
+        owner: str,
+        callback: CallCallback,
+        reserve_ms: int = 0,
+    ) -> None:
+        """The claim of ``facts`` for ``owner`` (a reservation of ``reserve_ms``, if given);
+        ``callback`` gets a ``ClaimDecision``."""
+        self.call(self.store.claim_call(facts, limits, owner, reserve_ms), callback)
+
+    def renew(
+        self, facts: MessageFacts, token: int, reserve_ms: int, callback: CallCallback
+    ) -> None:
+        """Renew the reservation ``token`` (a no-op once its body began); ``callback`` gets a
+        ``FenceDecision``."""
+        self.call(self.store.extend_call(facts, token, reserve_ms, reservation=True), callback)
 
     def complete(self, facts: MessageFacts, token: int, callback: CallCallback) -> None:
         """The completion of ``facts`` under ``token``; ``callback`` gets a ``FenceDecision``."""

@@ -1,9 +1,10 @@
 """Quorum queues under a beetle worker: what Celery does for them, and what we turn off.
 
-* Prefetch: quorum queues refuse a channel-wide (global) prefetch. The transport reports
-  ``qos_semantics_matches_spec`` (:mod:`kombu_beetle.transport`), so Celery sets a
-  per-consumer prefetch on every RabbitMQ version, whatever the worker's config says about
-  the queue's type (a migrated queue is quorum before every config says so).
+* Prefetch: quorum queues refuse a channel-wide (global) prefetch. The transport applies
+  Celery's count per consumer on a channel that consumes a queue it cannot vouch is classic
+  (a quorum queue, or one migrated before every config says so), and a change of the count
+  by consuming again under a fresh tag (:mod:`kombu_beetle.prefetch`), whatever Celery's
+  ``global`` flag says.
 * Celery >= 5.5's *native delayed delivery* (a bootstep that declares ``celery_delayed_*``
   exchanges on each broker URL when the config names a quorum queue) cannot parse a
   multi-broker ``beetle://`` URL and stops the worker at startup. BeetleTask does not need

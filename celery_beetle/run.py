@@ -3,14 +3,21 @@
 :class:`Run` is what :meth:`BeetleTask.__call__` hands the body to. It tells Celery what to
 do with the delivery through Celery's own control-flow exceptions.
 
-Usually the gate has claimed the message already, in its pipelined batch, and the lease
-rides in the delivery's headers (:class:`~celery_beetle.facts.GateClaim`): a body that
-succeeds then costs the pool no Redis round trip at all, as the gate stores the completion
-before it acks. Two rules keep that safe:
+Usually the gate has claimed the message already, in its pipelined batch: a *reservation*
+that rides in the delivery's headers (:class:`~celery_beetle.facts.GateClaim`) and counts no
+attempt. As the body begins, the pool **starts** it (``start.lua``, one round trip): the
+attempt counts and the full lease begins, so ``attempts`` counts bodies that began, and a
+delivery that only waited in the pool's queue when its worker died uses none. A reservation
+another copy took over meanwhile is not ours: the copy goes back to the gate. A body that
+succeeds on the gate's claim costs the pool no other round trip, as the gate stores the
+completion before it acks; two rules keep that safe:
 
-- a body never starts on a lease that may run out under it: if the delivery waited in the
-  pool longer than the lease's margin over the time limit, the pool claims again under the
-  gate's owner (which renews the lease if it is still ours) before the body starts;
+- an early ack (``acks_late=False``) comes before the body and proves nothing, so such a run
+  stores its completion here;
+- a body that runs on the worker's event loop (the solo pool, gevent, eventlet) stores its
+  completion here: the loop that would store it runs the next bodies first, and a few long
+  ones outlast the lease (the fault explorer's seeds 3022 and 3027: the twin then
+  dead-lettered a body that had returned);
 - a body that succeeded is completed here after all if Celery then fails the run (a result
   that does not encode, a result backend that raises): the main process would see a
   failure and ack without storing the completion.
@@ -39,9 +46,11 @@ import logging
 import os
 import secrets
 import socket
+import threading
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from billiard.process import current_process
 from celery.exceptions import Ignore, Reject, Retry
@@ -61,7 +70,7 @@ from celery_beetle.outcome import Claim, ClaimDecision, Failure, GiveUpReason
 from celery_beetle.redis_health import call_until_stored, store_unavailable
 from celery_beetle.retry_queue import RawMessage, publish_delayed, raw_message_from_request
 from celery_beetle.settings import BeetleSettings
-from celery_beetle.state import MAX_OWNER_LENGTH, MessageFacts
+from celery_beetle.state import MAX_OWNER_LENGTH, MessageFacts, Status
 from celery_beetle.store import RedisStore, wall_clock_ms
 from kombu_beetle.trace import get_tracer
 
@@ -73,11 +82,14 @@ __all__ = [
     "DeadLettered",
     "HandBack",
     "Run",
+    "mark_inbox",
     "process_store",
     "request_facts",
 ]
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 #: How long a claim is retried (same owner) before the delivery is handed back.
 CLAIM_RETRY_S = 3.0
@@ -188,6 +200,44 @@ def _completed_after_all(sender: Any = None, task_id: Any = None, **kwargs: Any)
 task_failure.connect(_completed_after_all, weak=False)
 task_internal_error.connect(_completed_after_all, weak=False)
 
+#: The run whose body is on this thread now (the threads pool runs several at once).
+_running = threading.local()
+
+
+#: task ids whose run on the worker's event loop stored its own completion: the main
+#: process's ack must not store (and trace) it a second time (:func:`completed_on_the_loop`)
+_completed_on_the_loop: set[str] = set()
+
+
+def completed_on_the_loop(task_id: str) -> bool:
+    """True (once) if the run of ``task_id`` on the event loop stored its completion."""
+    try:
+        _completed_on_the_loop.remove(task_id)
+    except KeyError:
+        return False
+    return True
+
+
+def _on_the_event_loop() -> bool:
+    """The body runs where the worker's event loop does (solo, gevent, eventlet): the main
+    thread of the main process. A threads pool's bodies run beside the loop."""
+    return (
+        current_process().name == "MainProcess"
+        and threading.current_thread() is threading.main_thread()
+    )
+
+
+def mark_inbox(request: Any) -> bool:
+    """Tell the store that the body running for ``request`` commits its effects through the
+    inbox (:func:`celery_beetle.outbox.inbox.once`), so that a crash right after its commit
+    does not use up the message's last attempt: the next run finds the row and returns
+    (:data:`~celery_beetle.outcome.INBOX_EXTRA_STARTS`). True if stored; a store that does
+    not answer within a few seconds costs only that allowance (logged), never the body."""
+    run = getattr(_running, "run", None)
+    if run is None or run.request.id != getattr(request, "id", None) or not run.token:
+        return False
+    return run.mark_inbox()
+
 
 class Run:
     """One run of a BeetleTask body in the pool: claim, run, then complete or fail.
@@ -223,6 +273,7 @@ class Run:
         self.lease_deadline_ms = 0
         self.attempt = 0
         self.started = 0.0
+        self._inbox_marked = False
 
     def execute(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         _left_to_main.pop(self.request.id, None)
@@ -230,6 +281,7 @@ class Run:
         self._trace("started")
         self.started = started = time.monotonic()
         keeper = self._keep_lease()
+        outer, _running.run = getattr(_running, "run", None), self
         try:
             result = self.task.run(*args, **kwargs)
         except BaseException as exc:
@@ -237,6 +289,8 @@ class Run:
                 keeper.stop()
             self._after_exception(exc, started)
             raise
+        finally:
+            _running.run = outer
         metrics.task_runtime(self.facts.scope, self.task.name, time.monotonic() - started)
         if keeper is not None:
             keeper.stop()
@@ -244,6 +298,8 @@ class Run:
             _leave_to_main(self)
         elif not self._complete(started):
             raise Ignore()
+        elif self.token and _on_the_event_loop():
+            _completed_on_the_loop.add(self.request.id)
         return result
 
     def _after_exception(self, exc: BaseException, started: float) -> None:
@@ -285,20 +341,8 @@ class Run:
             self.owner = given.owner
             if given.dead_letter:
                 self._give_up(given.dead_letter, given.attempt, given.exceptions)
-            if self._lease_covers_run(given.deadline_ms):
-                self.token, self.attempt = given.token, given.attempt
-                self.lease_deadline_ms = given.deadline_ms
-                self.main_completes = True
-                return
-            # it waited too long in the pool: claim again, under the gate's owner, so a
-            # lease that is still ours is renewed rather than counted as a second attempt
-            logger.warning(
-                "beetle: %s waited too long in the pool to start on the gate's lease (it "
-                "ends in %d ms); claiming again. A lower prefetch keeps deliveries from "
-                "waiting behind long runs",
-                self._name(),
-                given.deadline_ms - wall_clock_ms(),
-            )
+            self._start(given)
+            return
         claim = self._send_claim()
         outcome = claim.outcome
         metrics.pool_claim(outcome.value)
@@ -307,9 +351,6 @@ class Run:
                 metrics.lease_taken_over()
             self.token, self.attempt = claim.token, claim.attempt
             self.lease_deadline_ms = claim.lease_deadline_ms
-            # the gate completes with its token; another token (a lease taken over and lost
-            # again) is completed here, and the gate's late completion finds it completed
-            self.main_completes = given is not None and claim.token == given.token
             return
         if outcome is Claim.ALREADY_DONE:
             self._trace("duplicate", status=claim.status.value if claim.status else None)
@@ -325,11 +366,36 @@ class Run:
         reason = claim.reason or GiveUpReason.ATTEMPTS_LIMIT.value
         self._give_up(reason, claim.attempt, claim.exceptions)
 
-    def _lease_covers_run(self, deadline_ms: int) -> bool:
-        """Whether a body started now ends (or is killed: its time limit) before the lease."""
-        limit_s = getattr(self.task, "time_limit", None) or self.limits.lease_timeout_ms / 1000
-        needed_ms = min(round(limit_s * 1000), self.limits.lease_timeout_ms)
-        return wall_clock_ms() + needed_ms <= deadline_ms
+    def _start(self, given: GateClaim) -> None:
+        """The body begins on the gate's reservation: one round trip counts the attempt and
+        starts the full lease (``start.lua``), so an attempt is a body that began and a
+        delivery that only waited in the pool's queue uses none. A reservation another copy
+        took over meanwhile (it ran out: this worker's event loop stood still, or Redis was
+        away) is not ours: the copy goes back to the gate, which drops it once the message
+        is done."""
+        fence = self._with_retries(
+            lambda: self.store.start(self.facts, given.token, self.limits), "start"
+        )
+        if fence.ok:
+            self.token, self.attempt = given.token, fence.attempt or given.attempt
+            self.lease_deadline_ms = fence.lease_deadline_ms
+            # the gate stores the completion before its ack; an early ack (acks_late off)
+            # proves nothing, so such a run completes here
+            self.main_completes = bool(getattr(self.task, "acks_late", True)) and not (
+                _on_the_event_loop()
+            )
+            return
+        metrics.pool_claim(Claim.LOCKED.value)
+        if fence.status is Status.COMPLETED:
+            self._trace("duplicate", status=fence.status.value)
+            raise Dropped("duplicate")
+        logger.warning(
+            "beetle: %s: the gate's reservation was taken over before the body began "
+            "(stored status %s); handing the copy back",
+            self._name(),
+            fence.status.value if fence.status else None,
+        )
+        raise Reject("reservation taken over before the body began", requeue=True)
 
     def _give_up(self, reason: str, attempt: int, exceptions: int | None) -> None:
         """The message will not run: publish the dead letter this run owes, then raise."""
@@ -346,30 +412,54 @@ class Run:
         raise given_up
 
     def _send_claim(self) -> ClaimDecision:
-        """The claim, retried under this run's owner for :data:`CLAIM_RETRY_S` (a retry
-        after a lost reply gets this run's lease back, not a second attempt); then the
-        delivery is handed back."""
+        """The claim (a start at once: no gate claim), retried under this run's owner."""
+        return self._with_retries(
+            lambda: self.store.claim(self.facts, self.limits, self.owner), "claim"
+        )
+
+    def _with_retries(self, call: Callable[[], _T], what: str) -> _T:
+        """``call`` (a claim or a start), retried under this run's owner for
+        :data:`CLAIM_RETRY_S` (a retry after a lost reply gets this run's lease back, not a
+        second attempt); then the delivery is handed back."""
         deadline = time.monotonic() + CLAIM_RETRY_S
         wait = 0.1
         while True:
             try:
-                return self.store.claim(self.facts, self.limits, self.owner)
+                return call()
             except Exception as exc:
                 unavailable = store_unavailable(exc)
                 if time.monotonic() + wait > deadline:
                     if unavailable:
                         logger.warning(
-                            "beetle: cannot claim %s (%r); handing it back", self._name(), exc
+                            "beetle: cannot %s %s (%r); handing it back", what, self._name(), exc
                         )
                     else:
                         logger.exception(
-                            "beetle: claiming %s failed; handing it back", self._name()
+                            "beetle: the %s of %s failed; handing it back", what, self._name()
                         )
                     raise HandBack(
-                        f"claim not stored: {exc!r}", 2.0, unavailable, self.owner
+                        f"{what} not stored: {exc!r}", 2.0, unavailable, self.owner
                     ) from exc
                 time.sleep(wait)
                 wait = min(wait * 2, 1.0)
+
+    def mark_inbox(self) -> bool:
+        if self._inbox_marked:
+            return True
+        try:
+            fence = self._with_retries(
+                lambda: self.store.mark_inbox(self.facts, self.token), "inbox mark"
+            )
+        except HandBack as exc:
+            logger.warning(
+                "beetle: %s: cannot note its inbox commit in the store (%s); a crash right "
+                "after the commit would dead-letter it rather than run it again to find its row",
+                self._name(),
+                exc.reason,
+            )
+            return False
+        self._inbox_marked = fence.ok
+        return fence.ok
 
     # -- after -----------------------------------------------------------------------------
 

@@ -31,6 +31,11 @@ Read from the Celery app's configuration (``app.conf``):
 ``beetle_metrics_addr``         the address to serve them on (``0.0.0.0``)
 ==============================  =====================================================
 
+``beetle_dead_letter_retention``: how long the record of a message given up (its dead letter
+stored) is kept at least, seconds (30 days), as its dead letter may wait that long in
+``<queue>.dead``: a replay proves from it that the message never completed
+(:func:`celery_beetle.outcome.decide_replay`). One small hash per dead letter.
+
 The dedup store's URL (``beetle_redis_url``) takes one of these forms::
 
     redis://[[user]:password@]host[:port][/db]
@@ -77,8 +82,11 @@ from kombu_beetle.scopes import parse_dedup_scopes, scope_of
 from kombu_beetle.urls import mask_url, parse_host_port
 
 __all__ = [
+    "APP_SETTINGS",
     "DEPRECATED_OPTIONS",
     "EXPECTED_URL_FORMS",
+    "SETTING_DEFAULTS_SHOWN",
+    "SETTING_DOCS",
     "TASK_OPTIONS",
     "BeetleSettings",
     "StoreAddress",
@@ -103,6 +111,7 @@ _APP_OPTIONS: Mapping[str, str] = {
     "beetle_trace_dir": "trace_dir",
     "beetle_message_ttl": "message_ttl_s",
     "beetle_key_ttl_margin": "key_ttl_margin_s",
+    "beetle_dead_letter_retention": "dead_letter_retention_s",
     "beetle_key_prefix": "key_prefix",
     "beetle_redis_wait_replicas": "redis_wait_replicas",
     "beetle_max_deferred": "max_deferred",
@@ -117,6 +126,93 @@ _APP_OPTIONS: Mapping[str, str] = {
 #: Deprecated option names -> the documented ones, still accepted with a DeprecationWarning.
 #: ``delay`` shadowed Celery's ``Task.delay()`` method.
 DEPRECATED_OPTIONS: Mapping[str, str] = {"delay": "retry_delay"}
+
+SECRET, PLAIN = True, False
+
+#: Every ``app.conf`` setting of the project -> whether its value can hold a credential (a
+#: password in a URL or a DSN, a password option). Celery's reports mask the secret ones
+#: (:mod:`celery_beetle.censor`); a test fails for a setting read anywhere but missing here.
+APP_SETTINGS: Mapping[str, bool] = {
+    # the worker's gate and the dedup store (this module)
+    **dict.fromkeys(_APP_OPTIONS, PLAIN),
+    **{f"beetle_default_{old}": PLAIN for old in DEPRECATED_OPTIONS},
+    "beetle_redis_url": SECRET,
+    # the outbox (:mod:`celery_beetle.outbox`): a database URL
+    "beetle_outbox_db": SECRET,
+    "beetle_outbox_listen": PLAIN,
+    "beetle_outbox_notify": PLAIN,
+    # queue policies (:mod:`celery_beetle.ops.worker`): the management API's password and URLs
+    "beetle_queue_policies": PLAIN,
+    "beetle_management": SECRET,
+    "beetle_policy_interval": PLAIN,
+}
+
+#: What each setting of :data:`APP_SETTINGS` is for, one line each (`code` in backticks). The
+#: docs' settings reference (``docs/_ext/beetle_settings.py``) renders it with the setting's
+#: default and whether it is secret; the docs build and ``tests/unit/test_docs.py`` fail for
+#: a setting of :data:`APP_SETTINGS` missing here.
+SETTING_DOCS: Mapping[str, str] = {
+    "beetle_redis_url": "the dedup store: `redis://`, `rediss://`, `unix://`, "
+    "`redis+sentinel://h:p[,h:p]/service[/db]`, `redis+cluster://h:p[,…]` "
+    "(`rediss+…` for TLS)",
+    "beetle_default_timeout": "the lease per run, seconds; the hard time limit is derived from "
+    "it so that two runs never overlap",
+    "beetle_default_attempts": "how many times a message's body may begin (a claim whose body "
+    "never began counts none)",
+    "beetle_default_exceptions": "how many failures are retried (at most `attempts - 1`)",
+    "beetle_default_retry_delay": "wait before the first retry, seconds; doubles per failure "
+    "(`retry_delay * 2**n`)",
+    "beetle_default_delay": "deprecated alias of `beetle_default_retry_delay` (it warns)",
+    "beetle_default_max_delay": "cap on the retry wait, seconds",
+    "beetle_default_retry_on": "exception classes (or dotted names) worth a retry; others "
+    "dead-letter at once",
+    "beetle_trace_dir": "trace events for `beetle audit` (set it before `install()`; "
+    "publishers of a `beetle://` app trace too)",
+    "beetle_message_ttl": "expiry of a BeetleTask message without `x-beetle-expires-at`, "
+    "seconds; at most 366 days",
+    "beetle_key_ttl_margin": "how long a record outlives its message's expiry, seconds",
+    "beetle_dead_letter_retention": "how long the record of a message given up (its dead "
+    "letter stored) is kept at least, seconds, so that `beetle dead replay` can prove it "
+    "never completed; one small hash per dead letter",
+    "beetle_key_prefix": "prefix of the Redis keys (no braces: they mark the Cluster hash tag)",
+    "beetle_redis_wait_replicas": "replicas that must acknowledge each claim, completion, "
+    "failure and release (Redis `WAIT n 1000`) before it counts as stored; not for Cluster",
+    "beetle_max_deferred": "deferred copies that widen the prefetch window; past it a deferred "
+    "copy still waits, but the brokers send this worker nothing new until some resolve",
+    "beetle_max_deferred_bytes": "the same bound on the deferred copies' body bytes",
+    "beetle_unknown_task_grace": "how long an unknown task is handed back for a worker that "
+    "knows it (a rolling deploy), seconds, before it is dead-lettered",
+    "beetle_dedup_scopes": '`{queue: scope}` or `"q1=s1,q2=s2"`: the dedup scope of messages '
+    "consumed from a queue (the old and new queue of a migration share one)",
+    "beetle_metrics_port": "serve Prometheus metrics on this port from the worker's main process",
+    "beetle_metrics_addr": "the address to serve the metrics on",
+    "beetle_outbox_db": "the outbox's database URL, for the relay inside workers "
+    "(`celery_beetle.outbox.install_relay`)",
+    "beetle_outbox_listen": "the relay inside workers wakes on NOTIFY as well as polling",
+    "beetle_outbox_notify": "each outbox enqueue also runs `pg_notify('beetle_outbox', '')` "
+    "in its transaction",
+    "beetle_queue_policies": '`{"default": {...}, "queues": {name: {...}}, "priority": n}`: '
+    "the properties of the `beetle.<queue>` policies the workers keep applied",
+    "beetle_management": "where each broker's management API is: `port`, `scheme`, `user`, "
+    "`password`, `verify`, `timeout_s`, `urls`",
+    "beetle_policy_interval": "seconds between two rounds of the policy applier",
+}
+
+#: The defaults the settings reference shows for settings whose default
+#: :class:`BeetleSettings` does not hold (read elsewhere, or with no field default).
+SETTING_DEFAULTS_SHOWN: Mapping[str, str] = {
+    "beetle_redis_url": "required",
+    "beetle_default_delay": "—",
+    "beetle_dedup_scopes": "each queue its own",
+    "beetle_trace_dir": "off",
+    "beetle_metrics_port": "off",
+    "beetle_outbox_db": "off",
+    "beetle_outbox_listen": "False",
+    "beetle_outbox_notify": "False",
+    "beetle_queue_policies": "off",
+    "beetle_management": "port 15672 on each broker's host, the URL's credentials",
+    "beetle_policy_interval": "30 s",
+}
 
 RetryOn = tuple[type[BaseException] | str, ...]
 
@@ -138,6 +234,7 @@ class BeetleSettings:
     retry_on: RetryOn = (Exception,)
     message_ttl_s: float = 86_400.0
     key_ttl_margin_s: float = 3_600.0
+    dead_letter_retention_s: float = 30 * 86_400.0
     key_prefix: str = "beetle:"
     redis_wait_replicas: int = 0
     max_deferred: int = 1_000
@@ -165,6 +262,7 @@ class BeetleSettings:
             "message_ttl_s",
             "key_ttl_margin_s",
             "unknown_task_grace_s",
+            "dead_letter_retention_s",
         ):
             value = getattr(self, name)
             _require(
@@ -178,6 +276,11 @@ class BeetleSettings:
             self.message_ttl_s <= MAX_MESSAGE_LIFE_MS / 1000,
             f"message_ttl_s must be at most {MAX_MESSAGE_LIFE_MS // 86_400_000} days, "
             f"got {self.message_ttl_s!r}",
+        )
+        _require(
+            self.dead_letter_retention_s >= 0,
+            f"dead_letter_retention_s must be 0 or more seconds, "
+            f"got {self.dead_letter_retention_s!r}",
         )
         _require(
             self.unknown_task_grace_s >= 0,
@@ -283,6 +386,10 @@ class BeetleSettings:
     @property
     def key_ttl_margin_ms(self) -> int:
         return round(self.key_ttl_margin_s * 1000)
+
+    @property
+    def dead_letter_retention_ms(self) -> int:
+        return round(self.dead_letter_retention_s * 1000)
 
     def is_retryable(self, exc: BaseException) -> bool:
         """Whether ``exc`` is one of ``retry_on``: the ``retryable`` flag of a failure."""

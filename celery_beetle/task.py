@@ -43,6 +43,22 @@ each also an app-wide default ``beetle_default_<name>``; see :mod:`celery_beetle
 Acks: BeetleTask acks late (after the run), requeues when its pool process dies
 (``reject_on_worker_lost``) or hits the hard time limit (``acks_on_timeout = False``): the
 copy then waits in the gate until the lease runs out and the next claim decides.
+
+Celery's ack options, as BeetleTask takes them (:data:`ACK_RULES`):
+
+- ``acks_late=False`` works: Celery acks the copy as a pool process takes it, so the run
+  stores its own completion (one more round trip in the pool) instead of the gate before
+  the ack. A worker killed mid-body then leaves only the other copy, which the lease's end
+  hands to the next claim as for any crash.
+- ``acks_on_failure_or_timeout``, ``acks_on_failure``, ``acks_on_timeout``,
+  ``reject_on_worker_lost`` and ``retry_on_worker_lost`` are BeetleTask's own: a failure is
+  retried or dead-lettered by the run itself (a Celery reject would add a second, broker-made
+  dead letter), and a copy whose body was cut short must go back to its queue (an ack would
+  drop a message whose outcome is not stored; Celery's retry would run it again as a new
+  message). Setting one of them on a BeetleTask is refused where the task is declared; the
+  app-wide ``task_*`` settings of the same names apply to plain tasks only.
+- ``worker_prefetch_multiplier = 0`` (no limit) works: every delivery the gate claims holds
+  a reservation, renewed while it waits.
 """
 
 from __future__ import annotations
@@ -61,11 +77,19 @@ from celery_beetle.facts import (
     PID_MARK,
     RUNTIME_MARK,
 )
-from celery_beetle.run import AttemptsExhausted, DeadLettered, Dropped, HandBack, Run
+from celery_beetle.run import (
+    AttemptsExhausted,
+    DeadLettered,
+    Dropped,
+    HandBack,
+    Run,
+    completed_on_the_loop,
+)
 from celery_beetle.settings import DEPRECATED_OPTIONS, TASK_OPTIONS, BeetleSettings, take_deprecated
 from kombu_beetle.envelope import FLAG_REDUNDANT, FLAGS_HEADER
 
 __all__ = [
+    "ACK_RULES",
     "DROPPED_EVENT",
     "AttemptsExhausted",
     "BeetleRequest",
@@ -79,13 +103,57 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+#: Celery ack options a BeetleTask keeps as they are, and why one may not be changed.
+ACK_RULES: dict[str, tuple[bool, str]] = {
+    "acks_on_failure_or_timeout": (
+        True,
+        "a failed BeetleTask is retried or dead-lettered by its run (to <queue>.dead, once); "
+        "Celery's reject would add a second, broker-made dead letter",
+    ),
+    "acks_on_failure": (
+        True,
+        "a failed BeetleTask is retried or dead-lettered by its run (to <queue>.dead, once); "
+        "Celery's reject would add a second, broker-made dead letter",
+    ),
+    "acks_on_timeout": (
+        False,
+        "a body the hard time limit ended has no outcome stored: its copy must go back to "
+        "its queue for the next claim to decide, not be acked away",
+    ),
+    "reject_on_worker_lost": (
+        True,
+        "a body whose pool process died has no outcome stored: its copy must go back to its "
+        "queue for the next claim to decide, not be acked away",
+    ),
+    "retry_on_worker_lost": (
+        False,
+        "Celery's retry after a lost worker is a new message that would run the body again; "
+        "BeetleTask's `attempts` decides whether a body that began runs again",
+    ),
+}
+
+
+def _check_ack_options(namespace: dict[str, Any]) -> None:
+    """Refuse, where a BeetleTask is declared, a Celery ack option it cannot honour."""
+    for name, (kept, why) in ACK_RULES.items():
+        if name in namespace and namespace[name] is not None and namespace[name] != kept:
+            task = namespace.get("name") or namespace.get("__qualname__", "?")
+            raise ValueError(
+                f"task {task!r}: {name}={namespace[name]!r} is not supported on a BeetleTask "
+                f"(it keeps {name}={kept}): {why}. Remove the option"
+            )
+
 
 class BeetleTask(Task):
     """A Celery task that runs once per logical message, whatever the copies and crashes."""
 
     acks_late = True
-    reject_on_worker_lost = True
+    # set here, not from the app's task_* settings: see ACK_RULES
+    acks_on_failure_or_timeout = True
+    acks_on_failure = True
     acks_on_timeout = False
+    reject_on_worker_lost = True
+    retry_on_worker_lost = False
     #: tells the gate which runs completed (see :class:`BeetleRequest`)
     Request = "celery_beetle.task:BeetleRequest"
 
@@ -102,6 +170,7 @@ class BeetleTask(Task):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        _check_ack_options(dict(cls.__dict__))
         # @app.task(base=BeetleTask, delay=5) builds a subclass with delay=5, shadowing
         # Task.delay(); move the number to retry_delay (warning) and let the method show through.
         for old, new in DEPRECATED_OPTIONS.items():
@@ -155,7 +224,12 @@ class BeetleTask(Task):
             if redundant:
                 headers[FLAGS_HEADER] = _int(headers.get(FLAGS_HEADER)) | FLAG_REDUNDANT
             options["headers"] = headers
-            options.setdefault("message_id", message_id_for(task_id, options.get("retries")))
+            options.setdefault(
+                "message_id",
+                message_id_for(
+                    task_id, options.get("retries"), options.get("replaced_task_nesting")
+                ),
+            )
         return super().apply_async(
             args,
             kwargs,
@@ -230,12 +304,20 @@ class BeetleRequest(Request):
         return super().on_timeout(soft, timeout)
 
     def _announce_revoked(self, *args: Any, **kwargs: Any) -> Any:
+        # expired or revoked: decided here, once. Celery stores REVOKED and acks; the mark
+        # makes the gate settle the record before that ack, so the twin copy is dropped as
+        # a duplicate rather than revoked (and REVOKED stored) a second time
         self._beetle_not_completed = True
+        facts = (self.message.headers or {}).get(FACTS_HEADER)
+        if isinstance(facts, dict):
+            facts[COMPLETED_MARK] = True
         return super()._announce_revoked(*args, **kwargs)
 
     def acknowledge(self) -> None:
         # an early ack (acks_late turned off) comes before the run: it proves nothing
-        if not self.acknowledged and not self._beetle_not_completed and self.task.acks_late:
+        if completed_on_the_loop(self.id):
+            pass  # the run (solo, gevent, eventlet) stored its completion itself
+        elif not self.acknowledged and not self._beetle_not_completed and self.task.acks_late:
             facts = (self.message.headers or {}).get(FACTS_HEADER)
             if isinstance(facts, dict):
                 facts[COMPLETED_MARK] = True
@@ -277,15 +359,24 @@ def time_limits_for(
     return hard, min(soft, hard)
 
 
-def message_id_for(task_id: str, retries: Any = None) -> str:
+def message_id_for(task_id: str, retries: Any = None, replaced: Any = None) -> str:
     """The ``message_id`` of a task message: its task id, so a republish dedups.
 
-    A Celery ``self.retry()`` republishes under the same task id; it is a new message (the
-    design: "a Celery retry() is a new publish"), so it gets a suffix, the same one every
-    time that retry is published."""
+    Two Celery calls publish a new message under a task id that already ran, and each gets
+    a suffix, the same one every time that message is published:
+
+    * ``self.retry()`` (the design: "a Celery retry() is a new publish"): ``:retry-N``;
+    * ``self.replace(sig)``: the replacement takes the replaced task's id, so that the
+      caller's result is the replacement's, and Celery counts the nesting in the
+      ``replaced_task_nesting`` option: ``:replace-N`` (without it, the replacement was a
+      "duplicate" of the run that replaced itself, dropped, and the caller waited forever).
+    """
+    message_id = task_id
+    if replaced:
+        message_id = f"{message_id}:replace-{int(replaced)}"
     if retries:
-        return f"{task_id}:retry-{int(retries)}"
-    return task_id
+        message_id = f"{message_id}:retry-{int(retries)}"
+    return message_id
 
 
 def _int(value: Any) -> int:

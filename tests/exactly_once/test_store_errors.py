@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import time
 
+from celery_beetle.state import Status
+from celery_beetle.store import RedisStore
 from tests.exactly_once.conftest import counts
 from tests.exactly_once.poison import celery_queue_empty, worker_restarted
 from tests.harness.redis_faults import refusing_writes
@@ -105,3 +107,39 @@ def test_script_flush_5_times_during_a_stream_each_task_runs_once(
     assert wait_until(lambda: celery_queue_empty(brokers), timeout=15)
     assert counts([worker], "start") == dict.fromkeys(range(TASKS), 1)
     assert worker.alive() and worker.proc.pid == pid
+
+
+def test_a_start_the_store_refuses_hands_the_copy_back_and_it_runs_once_later(
+    brokers, client, eo_worker, redis_own, redis_url
+):
+    """The pool's start (the attempt counted as the body begins) fails while deliveries the
+    gate reserved wait for the only pool process: each such copy goes back unrun, its
+    attempt unused, and runs once when the store takes writes again (``attempts=1``)."""
+    defaults = {"timeout": 300, "attempts": 1, "exceptions": 0}
+    worker = eo_worker(redis=redis_own.url, pool="prefork", concurrency=1, task_options=defaults)
+    app = client(task_options=defaults)
+    record = app.tasks["eo.record"]
+    ids = {0: record.delay(0, 2.5).id}
+    assert wait_until(lambda: counts([worker], "start")[0] == 1, timeout=20)
+    ids.update({item: record.delay(item, 0.1).id for item in range(1, 6)})
+    time.sleep(0.5)  # reserved by the gate, waiting for the pool process
+    with refusing_writes(redis_own):
+        time.sleep(6)  # item 0 ends meanwhile: the next one's start is refused
+    assert wait_until(lambda: set(counts([worker])) == set(ids), timeout=40), worker.log_text()[
+        -3000:
+    ]
+    log = worker.log_text()
+    assert "cannot start" in log, log[-3000:]
+    assert "AttemptsExhausted" not in log
+    assert counts([worker], "start") == dict.fromkeys(ids, 1)
+    store = RedisStore.from_url(redis_own.url)
+
+    def records() -> dict[int, object]:
+        return {item: store.peek("celery", task_id) for item, task_id in ids.items()}
+
+    # the gate stores item 0's completion once the store takes writes again (it retries)
+    assert wait_until(
+        lambda: all(s is not None and s.status is Status.COMPLETED for s in records().values()),
+        timeout=20,
+    ), records()
+    assert all(s.attempts == 1 for s in records().values()), records()  # type: ignore[attr-defined]

@@ -42,9 +42,17 @@ class Calls:
         self.kinds.append("read")
         self.queued.append((lambda: self.store.peek(facts.scope, facts.message_id), callback))
 
-    def claim(self, facts: MessageFacts, limits: Limits, owner: str, callback: Any) -> None:
+    def claim(
+        self, facts: MessageFacts, limits: Limits, owner: str, callback: Any, reserve_ms: int = 0
+    ) -> None:
         self.kinds.append("claim")
-        self.queued.append((lambda: self.store.claim(facts, limits, owner), callback))
+        self.queued.append((lambda: self.store.claim(facts, limits, owner, reserve_ms), callback))
+
+    def renew(self, facts: MessageFacts, token: int, reserve_ms: int, callback: Any) -> None:
+        self.kinds.append("renew")
+        self.queued.append(
+            (lambda: self.store.extend(facts, token, reserve_ms, reservation=True), callback)
+        )
 
     def complete(self, facts: MessageFacts, token: int, callback: Any) -> None:
         self.kinds.append("complete")
@@ -368,3 +376,48 @@ def test_an_ack_that_fails_after_the_batch_does_not_hold_back_the_others(tmp_pat
     h.calls.flush()
     assert fine.acks == 1
     assert h.store.peek("jobs", "m1").status is Status.COMPLETED
+
+
+def test_the_gate_holds_a_reservation_that_counts_no_attempt_until_the_body_begins(h):
+    first = Message()
+    h.deliver(first)
+    h.calls.flush()
+    record = h.store.peek("jobs", "m1")
+    assert (record.reserved, record.attempts) == (True, 0)
+
+
+def test_a_reservation_is_renewed_while_its_delivery_waits_and_no_longer_once_it_ran(h):
+    long_lease = Limits(lease_timeout_ms=60_000, attempts=1)
+    h.gate.claims_for = lambda message, name: long_lease
+    first = Message()
+    h.deliver(first)
+    h.calls.flush()
+    ((message, done),) = h.started
+    token = GateClaim.from_mark(message.headers[FACTS_HEADER][CLAIM_MARK]).token
+    for _ in range(4):  # waits in the pool's queue for 4 renewals: the reservation holds
+        h.timer.advance(10 / 3 + 0.01)
+        h.calls.flush()
+        record = h.store.peek("jobs", "m1")
+        assert record.reserved and record.lease_deadline_ms > h.clock.ms + 6_000
+    assert h.calls.kinds.count("renew") == 4
+    started = h.store.start(h.facts(), token, long_lease)  # the pool process takes it
+    h.timer.advance(10 / 3 + 0.01)
+    h.calls.flush()
+    assert h.store.peek("jobs", "m1").lease_deadline_ms == started.lease_deadline_ms
+    h.timer.advance(10)  # its body began: no more renewals
+    h.calls.flush()
+    assert h.calls.kinds.count("renew") == 5
+    assert h.succeed(message, done)
+    h.calls.flush()
+    assert first.acks == 1 and h.store.peek("jobs", "m1").status is Status.COMPLETED
+
+
+def test_a_reservation_is_not_renewed_after_its_worker_let_it_go(h):
+    first = Message()
+    h.deliver(first)
+    h.calls.flush()
+    h.gate.reset()  # the consumer restarts: what it held is redelivered elsewhere
+    h.timer.advance(20)
+    h.calls.flush()
+    assert "renew" not in h.calls.kinds
+    assert h.store.claim(h.facts(), LIMITS, "another", 10_000).acquired  # ran out: free

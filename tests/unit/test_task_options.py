@@ -177,9 +177,11 @@ def test_redundant_false_publishes_one_copy_still_deduplicated(monkeypatch):
     assert [kw["message_id"] for kw in sent] == ["a", "b"]
 
 
-def test_a_celery_retry_is_a_new_message_with_a_stable_id():
+def test_a_celery_retry_or_replacement_is_a_new_message_with_a_stable_id():
     assert message_id_for("t-1") == "t-1"
     assert message_id_for("t-1", retries=2) == "t-1:retry-2"
+    assert message_id_for("t-1", replaced=1) == "t-1:replace-1"
+    assert message_id_for("t-1", retries=1, replaced=2) == "t-1:replace-2:retry-1"
 
 
 def test_plain_tasks_are_not_beetle_tasks_and_install_adds_one_step():
@@ -226,3 +228,53 @@ def test_install_hands_the_trace_dir_to_a_beetle_transport_only():
     plain.conf.beetle_trace_dir = "/tmp/traces"
     celery_beetle.install(plain)
     assert "trace_dir" not in (plain.conf.broker_transport_options or {})
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        {"acks_on_failure_or_timeout": False},
+        {"acks_on_failure": False},
+        {"acks_on_timeout": True},
+        {"reject_on_worker_lost": False},
+        {"retry_on_worker_lost": True},
+    ],
+)
+def test_a_beetle_task_refuses_an_ack_option_it_cannot_honour_where_it_is_declared(option):
+    app = Celery(set_as_current=False)
+
+    # shared=False: a shared task joins every app finalized later, and would raise there
+    @app.task(base=BeetleTask, name="shop.charge", shared=False, **option)
+    def charge() -> None: ...
+
+    (name,) = option
+    with pytest.raises(ValueError, match=rf"'shop.charge': {name}=.*Remove the option"):
+        charge.acks_late  # noqa: B018 (the task class is built on first use)
+
+
+def test_app_wide_ack_settings_reach_plain_tasks_but_not_beetle_tasks():
+    app = Celery(set_as_current=False)
+    app.conf.update(
+        task_acks_late=False,
+        task_acks_on_failure_or_timeout=False,
+        task_reject_on_worker_lost=False,
+    )
+
+    @app.task(base=BeetleTask, name="shop.charge")
+    def charge() -> None: ...
+
+    @app.task(name="shop.mail")
+    def mail() -> None: ...
+
+    assert (charge.acks_late, charge.acks_on_failure, charge.acks_on_timeout) == (True, True, False)
+    assert charge.reject_on_worker_lost and not charge.retry_on_worker_lost
+    assert (mail.acks_late, mail.acks_on_failure) == (False, False)
+
+
+def test_acks_late_false_is_accepted_on_a_beetle_task():
+    app = Celery(set_as_current=False)
+
+    @app.task(base=BeetleTask, name="shop.charge", acks_late=False)
+    def charge() -> None: ...
+
+    assert charge.acks_late is False

@@ -71,28 +71,47 @@ def dead_letters() -> None:
 @dead_letters.command("list")
 @click.argument("queue")
 @broker_option
+@click.option(
+    "--redis",
+    "redis_url",
+    envvar="BEETLE_REDIS_URL",
+    default=None,
+    help="The dedup store's URL (or $BEETLE_REDIS_URL): with it, a column says what a "
+    "replay would do with each entry, and why it would refuse one.",
+)
+@prefix_option
 @json_option
-def list_command(queue: str, broker_url: str, as_json: bool) -> None:
+def list_command(
+    queue: str, broker_url: str, redis_url: str | None, key_prefix: str, as_json: bool
+) -> None:
     """The dead letters of QUEUE, one line per message however many brokers hold it."""
     from celery_beetle.ops.dead_letters import list_dead_letters
 
     letters, errors = _fail_on_bad_url(lambda: list_dead_letters(broker_url, queue))
+    verdicts = _previews(letters, redis_url, key_prefix)
     if as_json:
-        click.echo(json.dumps([d.summary() for d in letters], indent=2))
+        rows = [d.summary() for d in letters]
+        for row, verdict in zip(rows, verdicts, strict=False):  # none without a store
+            row.update(replay=verdict.outcome, replay_reason=verdict.detail)
+        click.echo(json.dumps(rows, indent=2))
     else:
         from rich.console import Console
+        from rich.markup import escape
         from rich.table import Table
 
-        table = Table(title=f"{queue}.dead: {len(letters)} dead letter(s)")
+        table = Table(title=escape(f"{queue}.dead: {len(letters)} dead letter(s)"))
         for column in ("message id", "task", "reason", "exception", "attempts", "when (UTC)"):
             table.add_column(column)
         table.add_column("brokers")
-        for d in letters:
+        if verdicts:
+            table.add_column("replay", no_wrap=True, min_width=12)
+        notes: list[str] = []
+        for index, d in enumerate(letters):
             s = d.summary()
             exception = (s["exception"] or "").rsplit(".", 1)[-1]
             if s["message"]:
                 exception = f"{exception}: {s['message'][:60]}" if exception else s["message"][:60]
-            table.add_row(
+            row = [
                 d.message_id or "-",
                 d.task or "-",
                 d.reason,
@@ -100,10 +119,45 @@ def list_command(queue: str, broker_url: str, as_json: bool) -> None:
                 str(s["attempts"] if s["attempts"] is not None else "-"),
                 _when(d.dead_at_ms),
                 ", ".join(d.brokers),
-            )
+            ]
+            if verdicts:
+                verdict = verdicts[index]
+                if verdict.outcome == "refused":
+                    notes.append(f"[{len(notes) + 1}] {d.message_id}: refused, {verdict.detail}")
+                    row.append(f"refused [{len(notes)}]")
+                else:
+                    row.append(_VERDICT_CELLS.get(verdict.outcome, verdict.outcome))
+            table.add_row(*(escape(cell) for cell in row))
         Console().print(table)
+        for note in notes:  # plain text: a reason is too long for a cell
+            click.echo(note)
     _report_errors(errors)
     sys.exit(1 if errors else 0)
+
+
+def _previews(letters: list[Any], redis_url: str | None, key_prefix: str) -> list[Any]:
+    """What a replay would do with each dead letter (empty without a store to ask)."""
+    if not redis_url or not letters:
+        return []
+    from celery_beetle.ops.replay import preview
+    from celery_beetle.store import RedisStore
+
+    store = RedisStore.from_url(redis_url, key_prefix=key_prefix)
+    try:
+        return [preview(store, letter) for letter in letters]
+    finally:
+        store.close()
+
+
+#: the "replay" column of ``dead list``: what a replay would do
+_VERDICT_CELLS = {
+    "run": "runs it",
+    "republish": "publishes again",
+    "done": "removes it",
+    "completed": "removes it",
+    "in_flight": "leaves it",
+    "skipped": "skips it",
+}
 
 
 @dead_letters.command("show")
@@ -131,6 +185,12 @@ def show_command(queue: str, message_id: str, broker_url: str) -> None:
 @click.option("--all", "everything", is_flag=True, help="Replay every dead letter of QUEUE.")
 @click.option("--dry-run", is_flag=True, help="Say what would happen; change nothing.")
 @click.option(
+    "--force",
+    is_flag=True,
+    help="Also run what the store cannot prove did not complete (refused otherwise, with "
+    "the reason: past its dedup window, a twin or an earlier replay may have completed).",
+)
+@click.option(
     "--trace-dir",
     envvar="BEETLE_TRACE_DIR",
     default=None,
@@ -147,6 +207,7 @@ def replay_command(
     task: str | None,
     everything: bool,
     dry_run: bool,
+    force: bool,
     trace_dir: str | None,
     broker_url: str,
     redis_url: str,
@@ -156,7 +217,9 @@ def replay_command(
     """Publish dead letters of QUEUE back to it, redundantly, so that each runs once.
 
     A message whose record is completed is not run again; one with a copy in flight is
-    left. Running it again after an interruption is safe: see celery_beetle.ops.replay.
+    left; one that may have completed (no record, past its dedup window) is refused unless
+    --force. Running it again after an interruption is safe: see celery_beetle.ops.replay.
+    Exit status 1 when a replay failed or was refused.
     """
     from celery_beetle.ops.replay import replay
     from celery_beetle.store import RedisStore
@@ -175,6 +238,7 @@ def replay_command(
                 task=task,
                 everything=everything,
                 dry_run=dry_run,
+                force=force,
                 tracer=get_tracer(trace_dir, role="ops"),
             )
         )
@@ -199,7 +263,7 @@ def replay_command(
         for row in rows:
             click.echo(f"{row['message_id']}  {row['task']}  {row['outcome']}: {row['detail']}")
         click.echo(f"{len(rows)} dead letter(s){' (dry run)' if dry_run else ''}")
-    sys.exit(1 if any(r.outcome == "failed" for r in results) else 0)
+    sys.exit(1 if any(r.outcome in ("failed", "refused") for r in results) else 0)
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -462,7 +526,10 @@ def migrate_command(
             if saved is not None and not saved.done and not resume:
                 raise click.UsageError(f"a migration of {queue!r} is under way: --resume it")
             control = None if no_workers else CeleryControl(broker_url)
-        migrator = Migrator(options, clients, store, control, echo=click.echo, settle_s=settle_s)
+        migrator = Migrator(
+            options, clients, store, control, echo=click.echo, settle_s=settle_s,
+            lock=None if dry_run else lock,
+        )  # fmt: skip
         if resume:
             if saved is None or saved.done:
                 raise click.UsageError(f"no migration of {queue!r} to resume")
@@ -476,7 +543,7 @@ def migrate_command(
             if dry_run:
                 click.echo("dry run: nothing changed")
                 return
-            store.save(state)
+            store.save(state, lock)
         migrator.run(state)
     except MigrationError as exc:
         raise click.ClickException(str(exc))

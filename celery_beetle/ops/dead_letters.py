@@ -5,7 +5,18 @@ Two kinds land there. Those the worker publishes when it gives a message up, wit
 dead-letters through the queue's policy (:mod:`celery_beetle.ops.policies`: expired,
 rejected, overflowed, past a delivery limit), with RabbitMQ's ``x-death`` header. Each
 broker holds its own copies, so every operation reads ``<queue>.dead`` on every broker of
-the URL, and copies of one dead letter (same message, same death) show as one entry.
+the URL.
+
+One entry per message: copies are grouped by the message's identity (scope and
+``message_id``) and its generation, never by when or where they died. Each broker stamps
+``x-death`` with its own clock in whole seconds, so copies of one message expire "at"
+different times; a worker's dead letter and a broker's of the same message (one copy given
+up, its twin expired) are one message too, and replaying it once covers them all. What
+makes two dead letters of one message genuinely distinct is a replay in between: a
+replayed message carries ``x-beetle-replay`` (the replay id of the dead letter it came
+from), so if it is dead-lettered again, that is a new generation and a new entry. The
+replay id (:func:`describe`) is derived from the identity and the generation, so every copy
+of one entry, on any broker, read at any time, names the same replay mark.
 
 Browsing takes messages with ``basic.get`` without acking them and closes the channel:
 RabbitMQ puts them back where they were, so a listing never loses or reorders one.
@@ -20,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -30,10 +42,12 @@ import amqp
 from celery_beetle.deadletter import PREFIX as DEAD_PREFIX
 from celery_beetle.deadletter import dead_letter_queue_name
 from kombu_beetle.brokers import BrokerLink
+from kombu_beetle.envelope import EXPIRES_AT_HEADER
 from kombu_beetle.options import BeetleOptions, build_options
 from kombu_beetle.scopes import SCOPE_HEADER
 
 __all__ = [
+    "REPLAY_HEADER",
     "Copy",
     "DeadLetter",
     "DeadLetterBrowser",
@@ -55,6 +69,9 @@ BROKER_DEATH_HEADERS = (
     "x-last-death-reason",
     "x-last-death-exchange",
 )
+#: header of a replayed message: the replay id of the dead letter it came from (its
+#: generation: see the module docstring)
+REPLAY_HEADER = "x-beetle-replay"
 #: most dead letters read from one broker in one go
 DEFAULT_LIMIT = 10_000
 _MAX_ARGUMENTS_CHARS = 2_000
@@ -95,6 +112,22 @@ class DeadLetter:
         return str(task) if task is not None else None
 
     @property
+    def expires_at_ms(self) -> int | None:
+        """When the message expires (unix ms): its dedup window ends then, and a record of a
+        run lives until then plus the workers' margin. None if it carries no valid expiry."""
+        value = self.headers.get(DEAD_PREFIX + "expires-at", self.headers.get(EXPIRES_AT_HEADER))
+        try:
+            seconds = float(_text(value) or "nan")
+        except ValueError:
+            return None
+        return int(seconds * 1000) if math.isfinite(seconds) and seconds > 0 else None
+
+    @property
+    def from_worker(self) -> bool:
+        """A worker's dead letter (a give-up, with its reasons), not a broker's."""
+        return DEAD_PREFIX + "reason" in self.headers
+
+    @property
     def dead_at_ms(self) -> int | None:
         at = self.headers.get(DEAD_PREFIX + "at")
         if at is not None:
@@ -119,6 +152,7 @@ class DeadLetter:
             "attempts": h.get(DEAD_PREFIX + "attempts"),
             "exceptions": h.get(DEAD_PREFIX + "exceptions"),
             "dead_at_ms": self.dead_at_ms,
+            "expires_at_ms": self.expires_at_ms,
             "worker": _text(h.get(DEAD_PREFIX + "worker")),
             "brokers": self.brokers,
             "replay_id": self.replay_id,
@@ -179,7 +213,11 @@ def _latest_death(headers: Mapping[str, Any]) -> Mapping[str, Any] | None:
 def describe(
     dead_queue: str, headers: Mapping[str, Any], message_id: str | None
 ) -> tuple[str, str, str, str]:
-    """``(queue, scope, reason, replay id)`` of a dead letter from its headers. Pure."""
+    """``(queue, scope, reason, replay id)`` of a dead letter from its headers. Pure.
+
+    The replay id names the message's generation (scope, ``message_id`` and the replay it
+    came from), the same for every copy however and whenever it died; without a
+    ``message_id`` (nothing to group by) it names this death."""
     base = dead_queue[: -len(".dead")] if dead_queue.endswith(".dead") else dead_queue
     if DEAD_PREFIX + "reason" in headers:  # the worker's
         queue = _text(headers.get(DEAD_PREFIX + "queue")) or base
@@ -195,6 +233,8 @@ def describe(
         scope = _text(headers.get(SCOPE_HEADER)) or queue
         reason = "broker:" + (_text(first.get("reason")) or "unknown")
         death = [_text(first.get(k)) for k in ("queue", "reason", "time", "count")]
+    if message_id:
+        death = ["generation", _text(headers.get(REPLAY_HEADER)) or ""]
     text = "\0".join([scope, message_id or "", *(d or "" for d in death)])
     return queue, scope, reason, hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -259,9 +299,12 @@ class DeadLetterBrowser:
         queue, scope, reason, replay_id = describe(self.dead_queue, headers, message_id)
         copy = Copy(broker, msg.delivery_info["delivery_tag"])
         key = (scope, message_id or f"{broker}#{copy.delivery_tag}", replay_id)
-        if key in letters:
-            letters[key].copies.append(copy)
+        known = letters.get(key)
+        if known is not None and (known.from_worker or DEAD_PREFIX + "reason" not in headers):
+            known.copies.append(copy)
             return
+        # the first copy, or a worker's dead letter where a broker's was read first: the
+        # worker's says why (exception, attempts), so the entry shows it
         body = msg.body if isinstance(msg.body, bytes) else str(msg.body).encode()
         letters[key] = DeadLetter(
             message_id=message_id,
@@ -278,7 +321,7 @@ class DeadLetterBrowser:
                 for k in ("message_id", "correlation_id", "reply_to", "priority")
                 if properties.get(k)
             },
-            copies=[copy],
+            copies=[*(known.copies if known is not None else ()), copy],
         )
 
     def ack(self, letter: DeadLetter) -> None:

@@ -83,7 +83,10 @@ def classify(properties: dict[str, Any], minimum: str) -> tuple[str, str, str]:
     """``(kind, product, version)`` of a connection from its client properties."""
     product = str(properties.get("product") or "unknown")
     if product != PRODUCT:
-        return "plain", product, str(properties.get("version") or "?")
+        # pika and the Java client send "version"; py-amqp (a plain Celery worker) sends
+        # "product_version" only
+        version = properties.get("version") or properties.get("product_version")
+        return "plain", product, str(version or "?")
     version = str(properties.get(VERSION_PROPERTY) or properties.get("version") or "0")
     kind = "older" if version_tuple(version) < version_tuple(minimum) else "beetle"
     return kind, product, version

@@ -10,9 +10,15 @@ command, made safe by two things this project already has:
   (:func:`kombu_beetle.scopes.scope_of`), so a message with copies in both (or moved twice
   after a crash) runs once, and its retries and dead letters go to ``<queue>``'s delay and
   dead-letter queues (:func:`kombu_beetle.scopes.home_queue`);
-* every task message sits on two brokers, and the migration does one broker at a time: a
-  copy published to the broker being migrated in the instant its queue does not exist is
-  dropped by that broker, and its twin on another broker runs it.
+* nothing deletes a queue while deliveries of it are held unacked anywhere (countdown/ETA
+  tasks in a worker, prefetched or deferred copies): before each delete the workers hand
+  back what they hold of the queue, and the broker must show it with no consumer and no
+  unacked message (:mod:`celery_beetle.ops.migration_control`);
+* every task message sits on two brokers, and the migration does one broker at a time, the
+  next one only once the previous one's queue is back and its held deliveries consumed
+  again: a copy published to the broker being migrated in the instant its queue does not
+  exist (one round trip) is dropped by that broker, and its twin on another broker, whose
+  queue exists then, runs it.
 
 Steps (each one idempotent, the state saved after each, so a ``kill -9`` anywhere and
 ``--resume`` completes it)::
@@ -20,15 +26,24 @@ Steps (each one idempotent, the state saved after each, so a ``kill -9`` anywher
     planned        declare <queue>.beetle-migrating on every broker; tell the workers
                    (Celery's remote control, ``add_consumer``) to consume it too
     per broker, one after the other:
-      pending      save <queue>'s bindings; move its ready messages to the temporary
-                   queue (acked once confirmed); delete <queue> if empty, else move again
+      pending      save <queue>'s bindings; tell the workers to hand back <queue>
+                   (``beetle_hand_back``: they stop consuming it and requeue what they
+                   hold of it) and wait until this broker shows it with no consumer and no
+                   unacked message; move its ready messages to the temporary queue (acked
+                   once confirmed); delete <queue> if empty and unused, else again
       drained      declare <queue> with the new arguments and its bindings; if a worker
                    re-declared it with the old ones meanwhile, drain again
-      recreated    move the temporary queue's messages back
+      recreated    move the temporary queue's messages back; the workers consume <queue>
+                   again (``beetle_consume``)
       moved-back
-    temp-consumed  tell the workers to stop consuming the temporary queue (``cancel_consumer``)
-    temp-released  move what is left back, delete the temporary queues once empty
+    temp-consumed  the workers hand back the temporary queue (what they hold of it is
+                   requeued there), as above
+    temp-released  move what is left back, delete the temporary queues once empty and unused
     done
+
+Only one process carries a migration on: every step that deletes, declares or moves is
+fenced by the lease (:mod:`celery_beetle.ops.migration_state`), and a process that lost it
+stops before the step with :class:`~celery_beetle.ops.migration_state.LeaseLost`.
 
 Both queues are consumed during each overlap: workers consume ``<queue>`` and, from the first
 step to the last, ``<queue>.beetle-migrating``.
@@ -45,16 +60,18 @@ so ``--status`` and ``--resume`` work from any machine of the fleet.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import amqp
 
 from celery_beetle.ops.management import ManagementClient, ManagementError
+from celery_beetle.ops.migration_control import CeleryControl, WorkerControl, wait_given_back
 from celery_beetle.ops.migration_state import (
     BROKER_STEPS,
+    MOVE_FENCE_EVERY,
     PHASES,
+    LeaseLost,
     MigrationError,
     MigrationLock,
     MigrationState,
@@ -67,6 +84,7 @@ __all__ = [
     "BROKER_STEPS",
     "PHASES",
     "CeleryControl",
+    "LeaseLost",
     "MigrationError",
     "MigrationLock",
     "MigrationState",
@@ -81,14 +99,6 @@ __all__ = [
 MAX_DRAIN_ROUNDS = 20
 #: arguments a quorum queue refuses (RabbitMQ 3.x)
 _NOT_FOR_QUORUM = ("x-max-priority", "x-queue-mode", "x-queue-master-locator")
-
-
-class WorkerControl(Protocol):
-    """Tells the workers to consume a queue, or to stop (Celery's remote control)."""
-
-    def add_consumer(self, queue: str) -> list[str]: ...
-
-    def cancel_consumer(self, queue: str) -> list[str]: ...
 
 
 def parse_arguments(items: Sequence[str]) -> dict[str, Any]:
@@ -133,7 +143,11 @@ def target_arguments(
 
 
 class Migrator:
-    """Carries a :class:`MigrationState` to ``done`` over the brokers of ``options``."""
+    """Carries a :class:`MigrationState` to ``done`` over the brokers of ``options``.
+
+    ``lock``: the lease this process holds (:meth:`StateStore.lock`); every save and every
+    step that deletes, declares or moves checks it first. Without one nothing is fenced
+    (tests of a single process)."""
 
     def __init__(
         self,
@@ -145,9 +159,11 @@ class Migrator:
         session_for: Callable[[BeetleOptions, Any], BrokerSession] = open_session,
         settle_s: float = 5.5,
         release_timeout_s: float = 120.0,
+        lock: MigrationLock | None = None,
     ) -> None:
         #: the management API samples queue figures every 5 s (collect_statistics_interval)
         self.settle_s = settle_s
+        #: how long held deliveries may take to come back (runs in the pool to end)
         self.release_timeout_s = release_timeout_s
         self.options = options
         self.clients = {c.name: c for c in clients}
@@ -155,6 +171,7 @@ class Migrator:
         self.control = control
         self.echo = echo
         self.session_for = session_for
+        self.lock = lock
 
     # -- starting ----------------------------------------------------------------------------
 
@@ -194,17 +211,29 @@ class Migrator:
             )
         lines += [
             f"  1. declare {state.temp} on every broker; workers consume it too",
-            f"  2. per broker: move {state.queue} -> {state.temp}, delete {state.queue}, "
-            f"declare it with the new arguments and its bindings, move back",
-            f"  3. workers stop consuming {state.temp}; it is emptied into "
-            f"{state.queue} and deleted",
+            f"  2. per broker: workers hand back what they hold of {state.queue}; move "
+            f"{state.queue} -> {state.temp}, delete {state.queue}, declare it with the new "
+            f"arguments and its bindings, move back; workers consume {state.queue} again",
+            f"  3. workers hand back {state.temp}; it is emptied into {state.queue} and deleted",
         ]
         return "\n".join(lines)
 
     # -- running -----------------------------------------------------------------------------
 
     def run(self, state: MigrationState) -> MigrationState:
+        try:
+            return self._run(state)
+        except LeaseLost:
+            raise  # another process carries it on: leave the workers to it
+        except MigrationError:
+            # stopped: workers told to hand the queue back consume it again (they would by
+            # themselves, later); --resume asks them to hand it back again
+            self._consume(state.queue)
+            raise
+
+    def _run(self, state: MigrationState) -> MigrationState:
         if state.phase == "planned":
+            self._fence("declaring the temporary queue")
             self._declare_temp(state)
             if self.control is not None:
                 state.workers = self.control.add_consumer(state.temp)
@@ -213,9 +242,10 @@ class Migrator:
         if state.phase == "temp-consumed":
             for broker in state.brokers:
                 self._migrate_broker(state, broker)
+            self._consume(state.queue)
             if self.control is not None:
-                self.control.cancel_consumer(state.temp)
-                self.echo(f"workers told to stop consuming {state.temp}")
+                self.control.hand_back(state.temp, 0)
+                self.echo(f"workers told to hand back {state.temp}")
             self._advance(state, phase="temp-released")
         if state.phase == "temp-released":
             for broker in state.brokers:
@@ -223,15 +253,37 @@ class Migrator:
             self._advance(state, phase="done")
         return state
 
+    def _fence(self, before: str) -> None:
+        """Stop here unless this process still holds the lease (extended by the check)."""
+        if self.lock is not None:
+            self.lock.check(before)
+
+    def _save(self, state: MigrationState) -> None:
+        self.store.save(state, self.lock)
+
+    def _consume(self, queue: str) -> None:
+        if self.control is not None:
+            self.control.consume(queue)
+
+    def _hand_back(self, state: MigrationState, queue: str) -> None:
+        """Ask the workers to hand ``queue`` back; they consume it again when told to, or
+        by themselves well after this migration would have given up waiting (never the
+        temporary queue: it goes)."""
+        if self.control is not None:
+            resume_after_s = 0.0 if queue == state.temp else self.release_timeout_s + 120.0
+            self.control.hand_back(queue, resume_after_s)
+
     def _advance(self, state: MigrationState, *, phase: str | None = None,
                  broker: str | None = None, step: str | None = None) -> None:  # fmt: skip
         if phase is not None:
             state.phase = phase
-            self.echo(f"{state.queue}: {phase}")
         if broker is not None and step is not None:
             state.steps[broker] = step
+        self._save(state)
+        if phase is not None:
+            self.echo(f"{state.queue}: {phase}")
+        if broker is not None and step is not None:
             self.echo(f"{broker}: {state.queue} {step}")
-        self.store.save(state)
 
     def _session(self, broker: str) -> BrokerSession:
         address = next(b for b in self.options.all_brokers if b.name == broker)
@@ -251,6 +303,16 @@ class Migrator:
             finally:
                 session.close()
 
+    def _move(self, session: BrokerSession, source: str, target: str, what: str) -> int:
+        """Move in slices, the lease checked before each."""
+        moved = 0
+        while True:
+            self._fence(what)
+            slice_moved = session.move(source, target, limit=MOVE_FENCE_EVERY)
+            moved += slice_moved
+            if slice_moved < MOVE_FENCE_EVERY:
+                return moved
+
     def _migrate_broker(self, state: MigrationState, broker: str) -> None:
         if state.steps[broker] == "moved-back":
             return
@@ -262,13 +324,16 @@ class Migrator:
                     self._drain(state, broker, session)
                     self._advance(state, broker=broker, step="drained")
                 elif step == "drained":
+                    self._fence(f"declaring {state.queue} again on {broker}")
                     if self._recreate(state, broker, session):
                         self._advance(state, broker=broker, step="recreated")
                     else:  # re-declared with the old arguments meanwhile: again
                         self._advance(state, broker=broker, step="pending")
                 elif step == "recreated":
-                    state.moved[broker][1] += session.move(state.temp, state.queue)
+                    what = f"moving {state.temp} back to {state.queue} on {broker}"
+                    state.moved[broker][1] += self._move(session, state.temp, state.queue, what)
                     self._advance(state, broker=broker, step="moved-back")
+                    self._consume(state.queue)
         except (amqp.ConnectionError, OSError) as exc:
             raise MigrationError(
                 f"broker {broker} failed during step {state.steps[broker]!r} ({exc!r}); "
@@ -277,32 +342,56 @@ class Migrator:
         finally:
             session.close()
 
+    def _wait_given_back(
+        self, state: MigrationState, broker: str, queue: str, session: BrokerSession
+    ) -> None:
+        wait_given_back(
+            broker,
+            queue,
+            session,
+            self.clients[broker],
+            (lambda: self._hand_back(state, queue)) if self.control is not None else None,
+            settle_s=self.settle_s,
+            timeout_s=self.release_timeout_s,
+            echo=self.echo,
+            what_to_do=(
+                f"a worker that did not hand it back (not a beetle worker, or one that "
+                f"missed 'beetle_hand_back'; 'beetle fleet -Q {queue}' lists them): restart "
+                "or stop it"
+            ),
+        )
+
     def _drain(self, state: MigrationState, broker: str, session: BrokerSession) -> None:
         if session.depth(state.queue) is None:
             return  # deleted before a crash: its messages are in the temporary queue
         if broker not in state.bindings:
             state.bindings[broker] = self.clients[broker].queue_bindings(state.queue)
-            self.store.save(state)
+            self._save(state)
         info = self.clients[broker].queue(state.queue) or {}
-        # quorum queues refuse if-empty (540, which closes the connection): for them the
-        # emptiness is checked just before, and a copy published in that round trip is
-        # lost on this broker only, like one published while the queue does not exist
-        if_empty = info.get("type", "classic") == "classic"
+        # quorum queues refuse if-empty and if-unused (540, which closes the connection):
+        # for them emptiness and consumers are checked just before, and a copy published in
+        # that round trip is lost on this broker only, like one published while the queue
+        # does not exist
+        classic = info.get("type", "classic") == "classic"
         for _ in range(MAX_DRAIN_ROUNDS):
-            state.moved[broker][0] += session.move(state.queue, state.temp)
-            if not if_empty and session.depth(state.queue):
+            self._wait_given_back(state, broker, state.queue, session)
+            what = f"moving {state.queue} to {state.temp} on {broker}"
+            state.moved[broker][0] += self._move(session, state.queue, state.temp, what)
+            if not classic and (session.depth(state.queue) or session.consumers(state.queue)):
                 continue
+            self._fence(f"deleting {state.queue} on {broker}")
             try:
-                session.channel.queue_delete(queue=state.queue, if_empty=if_empty)
+                session.channel.queue_delete(queue=state.queue, if_empty=classic, if_unused=classic)
                 return
-            except amqp.PreconditionFailed:  # published to meanwhile: move again
+            except amqp.PreconditionFailed:  # published to, or consumed, meanwhile: again
                 session.reopen()
             except amqp.NotFound:
                 session.reopen()
                 return
         raise MigrationError(
-            f"{broker}: {state.queue} kept receiving messages faster than they were moved "
-            f"({MAX_DRAIN_ROUNDS} rounds); the state is saved: --resume tries again"
+            f"{broker}: {state.queue} kept receiving messages or consumers faster than they "
+            f"were moved or handed back ({MAX_DRAIN_ROUNDS} rounds); the state is saved: "
+            "--resume tries again"
         )
 
     def _recreate(self, state: MigrationState, broker: str, session: BrokerSession) -> bool:
@@ -332,86 +421,19 @@ class Migrator:
         queue of another broker."""
         session = self._session(broker)
         try:
-            self._wait_unused(state, broker, session)
             for _ in range(MAX_DRAIN_ROUNDS):
                 if session.depth(state.temp) is None:
                     return
-                state.moved[broker][1] += session.move(state.temp, state.queue)
+                self._wait_given_back(state, broker, state.temp, session)
+                what = f"moving {state.temp} back to {state.queue} on {broker}"
+                state.moved[broker][1] += self._move(session, state.temp, state.queue, what)
+                self._fence(f"deleting {state.temp} on {broker}")
                 try:
                     session.channel.queue_delete(queue=state.temp, if_empty=True, if_unused=True)
-                    self.store.save(state)
+                    self._save(state)
                     return
                 except (amqp.PreconditionFailed, amqp.NotFound):
                     session.reopen()
             raise MigrationError(f"{broker}: {state.temp} did not empty; --resume tries again")
         finally:
             session.close()
-
-    def _wait_unused(self, state: MigrationState, broker: str, session: BrokerSession) -> None:
-        deadline = time.monotonic() + self.release_timeout_s
-        zero_since: float | None = None
-        asked_at = time.monotonic()
-        while True:
-            consumers = session.consumers(state.temp)
-            if consumers and self.control is not None and time.monotonic() - asked_at > 2.0:
-                # a broadcast reaches a worker through one broker: one whose link to it was
-                # reconnecting (its queue was just deleted under it) missed it; ask again
-                self.control.cancel_consumer(state.temp)
-                asked_at = time.monotonic()
-            unacked = None
-            if consumers == 0:
-                info = self.clients[broker].queue(state.temp) or {}
-                unacked = int(info.get("messages_unacknowledged") or 0)
-            if consumers is None or (consumers == 0 and unacked == 0):
-                # the API's figures are sampled: trust a zero seen for one sample interval
-                zero_since = zero_since or time.monotonic()
-                if consumers is None or time.monotonic() - zero_since >= self.settle_s:
-                    return
-            else:
-                zero_since = None
-            if time.monotonic() > deadline:
-                raise MigrationError(
-                    f"{broker}: {state.temp} still has {consumers} consumer(s) and "
-                    f"{unacked if unacked is not None else '?'} unacked message(s) after "
-                    f"{self.release_timeout_s:.0f} s (a worker that missed cancel_consumer: "
-                    f"restart it, or run 'celery control cancel_consumer {state.temp}'); "
-                    "the state is saved: --resume tries again"
-                )
-            time.sleep(0.2)
-
-
-class CeleryControl:
-    """:class:`WorkerControl` through Celery's remote control on the same brokers: every
-    worker (beetle or not) obeys ``add_consumer`` / ``cancel_consumer``; the names of those
-    that answered within ``timeout_s`` are returned."""
-
-    def __init__(
-        self,
-        broker_url: str,
-        transport_options: Mapping[str, Any] | None = None,
-        timeout_s: float = 2.0,
-    ) -> None:
-        from celery import Celery
-
-        import kombu_beetle  # noqa: F401 (registers beetle://)
-
-        self.app = Celery("beetle-migrate", broker=broker_url, set_as_current=False)
-        self.app.conf.broker_transport_options = dict(transport_options or {})
-        self.timeout_s = timeout_s
-
-    def add_consumer(self, queue: str) -> list[str]:
-        replies = self.app.control.add_consumer(
-            queue,
-            routing_key=queue,
-            options={"durable": True, "auto_delete": False},
-            reply=True,
-            timeout=self.timeout_s,
-        )
-        return sorted(name for reply in replies or [] for name in reply)
-
-    def cancel_consumer(self, queue: str) -> list[str]:
-        replies = self.app.control.cancel_consumer(queue, reply=True, timeout=self.timeout_s)
-        return sorted(name for reply in replies or [] for name in reply)
-
-    def close(self) -> None:
-        self.app.close()

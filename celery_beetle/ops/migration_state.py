@@ -5,6 +5,25 @@ Keys (``<prefix>`` is the workers' ``beetle_key_prefix``)::
 
     <prefix>ops:migration:<vhost>:<queue>        the state, JSON, saved after every step
     <prefix>ops:migration:<vhost>:<queue>:lock   the lease of the process carrying it on
+
+**The lease is a fence.** A process can lose it without knowing: paused (SIGSTOP, a VM
+frozen, a long GC) or cut off from Redis for longer than its TTL, while a ``--resume``
+elsewhere takes the lease over and carries the migration on. Waking, the first one must not
+delete a queue the other rebuilt, nor save its stale state over the other's. So:
+
+* every state save compares the lease's token in the same Lua script that writes the state
+  (:meth:`StateStore.save` with the lock): atomic, a stale process never writes;
+* before every step that deletes, declares or moves on a broker, the migrator calls
+  :meth:`MigrationLock.check`, one Lua script that compares the token and extends the lease
+  to its full TTL. A process that lost the lease stops there with :class:`LeaseLost`.
+
+RabbitMQ cannot compare a token, so the broker steps keep a window: a process paused after
+its check and before the step's one AMQP call (a delete, a declare) makes that one call
+when it wakes, however late. Each such step is one round trip, and a move re-checks every
+:data:`MOVE_FENCE_EVERY` messages; moves never lose a message (acked once confirmed, an
+unroutable copy keeps its original) and a queue is deleted only if empty (classic) or
+after its emptiness was checked. A stale process that wakes makes at most one such call
+and stops at its next check.
 """
 
 from __future__ import annotations
@@ -23,6 +42,7 @@ from kombu_beetle.scopes import migrating_queue
 __all__ = [
     "BROKER_STEPS",
     "PHASES",
+    "LeaseLost",
     "MigrationError",
     "MigrationLock",
     "MigrationState",
@@ -34,8 +54,30 @@ BROKER_STEPS = ("pending", "drained", "recreated", "moved-back")
 PHASES = ("planned", "temp-consumed", "temp-released", "done")
 
 
+#: a move checks the lease again after this many messages
+MOVE_FENCE_EVERY = 200
+
+#: KEYS[1] the lease, ARGV[1] our token, ARGV[2] TTL in ms. Returns 1 (ours, extended) or 0.
+_CHECK_LUA = """
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('pexpire', KEYS[1], ARGV[2])
+return 1
+"""
+#: KEYS[1] the lease, KEYS[2] the state; ARGV[1] our token, ARGV[2] the state's JSON.
+#: Returns 1 (saved) or 0 (the lease is not ours: nothing written).
+_SAVE_LUA = """
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('set', KEYS[2], ARGV[2])
+return 1
+"""
+
+
 class MigrationError(RuntimeError):
     """The migration cannot start or go on; the message says why and what to do."""
+
+
+class LeaseLost(MigrationError):
+    """This process no longer holds the migration's lease: another one carries it on."""
 
 
 @dataclass
@@ -109,9 +151,16 @@ class StateStore:
         text = self.client.get(self.key(vhost, queue))
         return MigrationState.from_json(text) if text else None
 
-    def save(self, state: MigrationState) -> None:
+    def save(self, state: MigrationState, lock: MigrationLock | None = None) -> None:
+        """Save ``state``; with ``lock``, only while that lock holds the lease (one Lua
+        script: compare, then write), else :class:`LeaseLost` and nothing written."""
         state.updated_at = time.time()
-        self.client.set(self.key(state.vhost, state.queue), state.to_json())
+        key = self.key(state.vhost, state.queue)
+        if lock is None:
+            self.client.set(key, state.to_json())
+            return
+        if not self.client.eval(_SAVE_LUA, 2, lock.key, key, lock.owner, state.to_json()):
+            raise lock.lost(f"saving the step {state.phase!r}")
 
     def delete(self, vhost: str, queue: str) -> None:
         self.client.delete(self.key(vhost, queue))
@@ -153,10 +202,30 @@ class MigrationLock:
     def _refresh(self) -> None:
         while not self._stop.wait(self.ttl_ms / 3000):
             try:
-                if self.client.get(self.key) == self.owner:
-                    self.client.pexpire(self.key, self.ttl_ms)
+                if not self.client.eval(_CHECK_LUA, 1, self.key, self.owner, self.ttl_ms):
+                    return  # lost: the migrating thread stops at its next check
             except Exception:  # Redis away for a moment: the next refresh tries again
                 continue
+
+    def check(self, before: str) -> None:
+        """Still ours? Compare the token and extend the lease, atomically; else
+        :class:`LeaseLost` naming the step ``before`` which this process stopped."""
+        if not self.client.eval(_CHECK_LUA, 1, self.key, self.owner, self.ttl_ms):
+            raise self.lost(before)
+
+    def lost(self, before: str) -> LeaseLost:
+        self._stop.set()
+        try:
+            holder = self.client.get(self.key)
+        except Exception:  # the error says what matters without it
+            holder = None
+        return LeaseLost(
+            f"this process lost the migration's lease ({self.key}) to "
+            f"{holder or 'nobody (it ran out)'}: paused, or cut off from Redis, for more than "
+            f"{self.ttl_ms / 1000:.0f} s. It stopped before {before}; nothing was deleted or "
+            "moved by it since. 'beetle queues migrate QUEUE --status' shows where the "
+            "migration stands; --resume carries it on once no other process does"
+        )
 
     def release(self) -> None:
         self._stop.set()

@@ -161,3 +161,75 @@ def test_a_quorum_queue_goes_back_to_classic_with_its_messages(brokers, redis_ur
         assert _queue(node, brokers.vhost, "jobs")["type"] == "classic"
         bodies = sorted(body for _, _, body in node.get_messages(brokers.vhost, "jobs"))
         assert bodies == [b"q0", b"q1", b"q2"]
+
+
+def test_a_migration_that_lost_its_lease_stops_before_its_next_step_and_the_resumed_one_wins(
+    brokers, redis_url
+):
+    """The first process is paused (its lease runs out) right after it deleted the queue on
+    the first broker; a second one resumes and finishes; the first, waking, must neither
+    declare, move nor delete anything, nor save its stale state over the finished one."""
+    import threading
+
+    from celery_beetle.ops.management import clients_for_url
+    from celery_beetle.ops.migrate import MigrationError, MigrationLock, Migrator, StateStore
+    from celery_beetle.store import connect
+    from kombu_beetle.options import build_options
+    from tests.harness.waiting import wait_until
+    from tests.ops.conftest import management_config
+
+    _classic_queue_with_messages(brokers, "jobs", 5)
+    options = build_options(brokers.beetle_url)
+    clients = clients_for_url(brokers.beetle_url, management_config(brokers))
+    store = StateStore(connect(redis_url))
+    key = store.key(options.virtual_host, "jobs") + ":lock"
+    first_broker = brokers.nodes[0].host_port
+    paused, wake = threading.Event(), threading.Event()
+
+    def first_echo(line: str) -> None:
+        if line == f"{first_broker}: jobs drained":  # the queue is deleted there
+            paused.set()
+            wake.wait(60)
+
+    first_lock = MigrationLock(store.client, key, ttl_s=1.0)
+    first_lock.acquire(wait_s=0)
+    first = Migrator(options, clients, store, None, echo=first_echo, settle_s=0.2,
+                     lock=first_lock)  # fmt: skip
+    state = first.plan("jobs", "quorum", {})
+    store.save(state, first_lock)
+    errors: list[BaseException] = []
+
+    def run_first() -> None:
+        try:
+            first.run(state)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run_first, daemon=True)
+    thread.start()
+    assert paused.wait(30)
+    first_lock._stop.set()  # as if SIGSTOPped: no more refreshes, the lease runs out
+    assert wait_until(lambda: store.client.get(key) is None, timeout=10)
+
+    second_lock = MigrationLock(store.client, key, ttl_s=10.0)
+    second_lock.acquire(wait_s=5, echo=lambda _: None)
+    try:
+        resumed = store.load(options.virtual_host, "jobs")
+        assert resumed is not None and resumed.steps[first_broker] == "drained"
+        second = Migrator(options, clients, store, None, echo=lambda _: None, settle_s=0.2,
+                          lock=second_lock)  # fmt: skip
+        assert second.run(resumed).done
+        wake.set()  # the first one wakes while the second still holds the lease
+        thread.join(30)
+    finally:
+        second_lock.release()
+    assert len(errors) == 1 and isinstance(errors[0], MigrationError), errors
+    assert "lost the migration's lease" in str(errors[0])
+    assert f"stopped before declaring jobs again on {first_broker}" in str(errors[0])
+    saved = store.load(options.virtual_host, "jobs")
+    assert saved is not None and saved.done, "the stale process saved nothing"
+    for n, node in enumerate(brokers.nodes):
+        assert _queue(node, brokers.vhost, "jobs")["type"] == "quorum"
+        assert node.queue_depths(brokers.vhost).get("jobs.beetle-migrating") is None
+        bodies = sorted(body for _, _, body in node.get_messages(brokers.vhost, "jobs"))
+        assert bodies == sorted(f"{n}-{i}".encode() for i in range(5)), "nothing lost"

@@ -58,6 +58,12 @@ class OutboxRelayStep(bootsteps.StartStopStep):
 
 
 def install_relay(app: Any) -> Any:
-    """Relay the outbox (``beetle_outbox_db``) inside this app's workers; returns ``app``."""
+    """Relay the outbox (``beetle_outbox_db``) inside this app's workers; returns ``app``.
+
+    Celery's reports censor ``beetle_outbox_db`` from then on, even in an app that never
+    calls :func:`celery_beetle.install`."""
+    from celery_beetle.censor import hide_secret_settings
+
+    hide_secret_settings()
     app.steps["worker"].add(OutboxRelayStep)
     return app

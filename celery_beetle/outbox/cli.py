@@ -27,10 +27,17 @@ db_option = click.option(
 
 
 def _engine(db_url: str) -> Any:
-    from celery_beetle.outbox.db import engine_for
-
+    """The database's engine; first in every command, so that a missing ``outbox`` extra
+    is a message naming it rather than a traceback."""
     try:
+        from celery_beetle.outbox.db import engine_for
+
         return engine_for(db_url)
+    except ImportError as exc:
+        raise click.ClickException(
+            f"the outbox needs SQLAlchemy and psycopg ({exc}); install them with: "
+            "pip install 'kombu-beetle[outbox]'"
+        )
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--db")
 
@@ -61,6 +68,7 @@ def relay(
     listen: bool,
 ) -> None:
     """Relay committed outbox rows to the brokers (run as many as you like side by side)."""
+    engine = _engine(db_url)
     from kombu import Connection
 
     import kombu_beetle  # noqa: F401  (registers beetle://)
@@ -79,7 +87,6 @@ def relay(
         options["trace_dir"] = trace_dir
     if not broker_url or not broker_url.startswith("beetle://"):
         raise click.UsageError("the relay needs a beetle:// broker URL (--broker or the app's)")
-    engine = _engine(db_url)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -100,7 +107,8 @@ def relay(
 
 @click.group()
 def outbox() -> None:
-    """The transactional outbox's tables: create them, list and retry rows set aside."""
+    """The transactional outbox's and inbox's tables: create them, list and retry rows set
+    aside, sweep expired inbox rows."""
 
 
 @outbox.command()
@@ -112,7 +120,8 @@ def outbox() -> None:
     help="Run the shipped Alembic migration (version table beetle_outbox_alembic).",
 )
 def init(db_url: str, use_alembic: bool) -> None:
-    """Create beetle_outbox and beetle_outbox_aside (if missing)."""
+    """Create beetle_outbox, beetle_outbox_aside and beetle_inbox (the consumers' record of
+    what they committed) if missing, and add the columns of later releases."""
     engine = _engine(db_url)
     if use_alembic:
         from celery_beetle.outbox.migrate import upgrade
@@ -122,7 +131,7 @@ def init(db_url: str, use_alembic: bool) -> None:
         from celery_beetle.outbox.table import create_tables
 
         create_tables(engine)
-    click.echo(f"outbox tables ready in {engine.url.render_as_string()}")
+    click.echo(f"outbox and inbox tables ready in {engine.url.render_as_string()}")
 
 
 @outbox.command(name="list")
@@ -131,12 +140,12 @@ def init(db_url: str, use_alembic: bool) -> None:
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(min=1))
 def list_aside(db_url: str, as_json: bool, limit: int) -> None:
     """The rows set aside, with their reasons; and how many wait in the outbox."""
+    engine = _engine(db_url)
     import sqlalchemy as sa
 
     from celery_beetle.outbox.relay import held_back
     from celery_beetle.outbox.table import ASIDE, OUTBOX
 
-    engine = _engine(db_url)
     with engine.connect() as conn:
         waiting = conn.execute(sa.select(sa.func.count()).select_from(OUTBOX)).scalar_one()
         rows = conn.execute(
@@ -170,9 +179,10 @@ def list_aside(db_url: str, as_json: bool, limit: int) -> None:
 def drop(db_url: str, ids: tuple[str, ...]) -> None:
     """Delete rows set aside for good (IDS): their tasks never run, and the later rows of
     their ordering keys go on."""
+    engine = _engine(db_url)
     from celery_beetle.outbox.relay import drop_aside
 
-    dropped = drop_aside(_engine(db_url), ids)
+    dropped = drop_aside(engine, ids)
     for message_id in dropped:
         click.echo(f"dropped {message_id}")
     missing = set(ids) - set(dropped)
@@ -193,9 +203,10 @@ def retry(db_url: str, ids: tuple[str, ...], everything: bool, message_ttl: floa
         raise click.UsageError("name the rows to retry (IDS) or give --all")
     if ids and everything:
         raise click.UsageError("give IDS or --all, not both")
+    engine = _engine(db_url)
     from celery_beetle.outbox.relay import retry_aside
 
-    moved = retry_aside(_engine(db_url), ids, everything=everything, message_ttl_s=message_ttl)
+    moved = retry_aside(engine, ids, everything=everything, message_ttl_s=message_ttl)
     for message_id in moved:
         click.echo(f"requeued {message_id}")
     missing = set(ids) - set(moved)
@@ -209,7 +220,8 @@ def retry(db_url: str, ids: tuple[str, ...], everything: bool, message_ttl: floa
 @click.option("--batch-size", default=500, show_default=True, type=click.IntRange(min=1))
 def sweep(db_url: str, batch_size: int) -> None:
     """Delete inbox rows past their dedup window (the relay does it once a minute)."""
+    engine = _engine(db_url)
     from celery_beetle.outbox.inbox import sweep as sweep_inbox
 
-    deleted = sweep_inbox(_engine(db_url), batch_size=batch_size, max_batches=1_000_000)
+    deleted = sweep_inbox(engine, batch_size=batch_size, max_batches=1_000_000)
     click.echo(f"deleted {deleted} expired inbox row(s)")

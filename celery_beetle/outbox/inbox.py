@@ -74,6 +74,7 @@ def once(session: Any, request: Any, *, step: str = "", app: Any = None) -> bool
     row = inbox_row(request, step, app)
     if row is None:
         return True
+    committing(request)
     bind = session.get_bind() if hasattr(session, "get_bind") else session
     insert: sa.Insert
     if bind.dialect.name == "postgresql":
@@ -102,6 +103,16 @@ def inbox_row(request: Any, step: str = "", app: Any = None) -> dict[str, Any] |
         "created_at": dt.datetime.now(dt.timezone.utc),
         "expires_at": expires_at,
     }
+
+
+def committing(request: Any) -> None:
+    """Note in the dedup store that this run commits its effects through the inbox: if its
+    worker dies right after the commit, the message gets another start (even past
+    ``attempts``, the default 1), which finds the row and returns, instead of a dead letter
+    for effects that are committed (:func:`celery_beetle.run.mark_inbox`)."""
+    from celery_beetle.run import mark_inbox
+
+    mark_inbox(request)
 
 
 def skipped(row: dict[str, Any]) -> None:

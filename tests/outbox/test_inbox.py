@@ -63,13 +63,16 @@ class InboxRun:
                             trace_dir=str(self.trace), task_options=TASK_OPTIONS)  # fmt: skip
         self.worker: WorkerProcess | None = None
 
-    def start_worker(self, chance: float, pool: str = "prefork") -> None:
+    def start_worker(
+        self, chance: float, pool: str = "prefork", task_options: dict | None = None
+    ) -> None:
+        options = TASK_OPTIONS if task_options is None else task_options
         env = {
             "BEETLE_TEST_URL": self.url,
             "BEETLE_TEST_REDIS": self.redis_url,
             "BEETLE_TEST_OUT": str(self.out),
             "BEETLE_TEST_OPTIONS": json.dumps(FAST),
-            "BEETLE_TEST_TASK": json.dumps(TASK_OPTIONS),
+            "BEETLE_TEST_TASK": json.dumps(options),
             "BEETLE_TEST_TRACE": str(self.trace),
             "BEETLE_TEST_DB": self.db_url,
             "BEETLE_TEST_CRASH_DIR": str(self.crashes),
@@ -151,6 +154,36 @@ def test_a_worker_killed_right_after_its_commit_again_and_again_leaves_each_effe
     counts = {k: summary[k] for k in ("lost", "duplicated", "unexpected")}
     assert counts == dict.fromkeys(counts, 0), summary["samples"]
     assert summary["completed_once"] == messages, summary
+
+
+#: BeetleTask's defaults (attempts=1, no exception retried), with a short lease so that the
+#: killed runs are taken over within seconds
+DEFAULT_OPTIONS_SHORT_LEASE = {"timeout": 3, "attempts": 1, "exceptions": 0}
+
+
+def test_with_the_default_attempts_a_kill_right_after_the_commit_ends_as_the_inbox_says(
+    inbox_run,
+):
+    """README: "a run after a committed one (a worker killed -9 right after the commit)
+    finds it and returns, and is completed in the dedup store like any successful run" --
+    with ``attempts=1`` too: the killed run noted its inbox commit in the store, so its
+    crash does not dead-letter a message whose effects are committed."""
+    run = inbox_run
+    run.start_worker(chance=0.5, task_options=DEFAULT_OPTIONS_SHORT_LEASE)
+    ids = run.publish("eo.effect", 16)
+    everything = set(range(16))
+    assert wait_until(lambda: set(run.events("done", "skip")) >= everything, timeout=60), (
+        f"not done: {sorted(everything - set(run.events('done', 'skip')))}; "
+        f"{run.kills()} kills\n{run.worker.log_text()[-3000:] if run.worker else ''}"
+    )
+    assert wait_until(lambda: run.stored_statuses(ids) == Counter({"completed": 16}), timeout=15), (
+        run.stored_statuses(ids)
+    )
+    run.stop()
+    kills = run.kills()
+    assert kills >= 2, f"only {kills} kills: the crash point was not hit"
+    assert run.effects() == Counter(everything), "an effect was written twice, or never"
+    assert sum(run.events("skip").values()) == kills  # each killed run's retry found its row
 
 
 @pytest.mark.chaos

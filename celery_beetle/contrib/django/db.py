@@ -8,7 +8,7 @@ import sqlalchemy as sa
 from django.db import connections
 
 from celery_beetle.outbox.enqueue import OutboxError
-from celery_beetle.outbox.inbox import InboxError, inbox_row, skipped
+from celery_beetle.outbox.inbox import InboxError, committing, inbox_row, skipped
 from celery_beetle.outbox.notify import CHANNEL
 from celery_beetle.outbox.table import OUTBOX
 
@@ -51,6 +51,7 @@ def mark_once(request: Any, *, step: str, using: str, app: Any) -> bool:
     if row is None:
         return True
     connection = _atomic(using, "inbox_once", InboxError)
+    committing(request)
     columns = list(row)
     sql = (
         f"INSERT INTO beetle_inbox ({', '.join(columns)}) "

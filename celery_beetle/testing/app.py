@@ -8,6 +8,7 @@ after the settings, so the transport traces the publishes too.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -18,7 +19,15 @@ from celery.app.utils import find_app
 
 import celery_beetle
 
-__all__ = ["FAST", "configure", "drop_connections", "load_app", "restore", "worker_env"]
+__all__ = [
+    "FAST",
+    "configure",
+    "drop_connections",
+    "load_app",
+    "missing_app_root",
+    "restore",
+    "worker_env",
+]
 
 #: short transport timeouts, so that a fault is noticed and healed within seconds
 FAST: dict[str, Any] = {
@@ -43,6 +52,23 @@ def load_app(path: str) -> Celery:
     if not isinstance(app, Celery):
         raise TypeError(f"{path!r} is {app!r}, not a Celery app")
     return app
+
+
+def missing_app_root(path: str, root: Path) -> Path | None:
+    """``root`` when the app's top-level package (``path``: ``package.module:attribute``) is
+    not importable as things stand but sits in ``root``; else None (nothing to add).
+
+    pytest puts the test files' directories on ``sys.path``, not the project's, so
+    ``beetle_app = shop.tasks:app`` beside ``shop/`` needed ``pythonpath = .`` in the ini.
+    """
+    top = path.partition(":")[0].split(".")[0].strip()
+    if not top.isidentifier():
+        return None
+    if importlib.util.find_spec(top) is not None:  # installed, or on the path already
+        return None
+    if (root / top).is_dir() or (root / f"{top}.py").is_file():
+        return root
+    return None
 
 
 def configure(

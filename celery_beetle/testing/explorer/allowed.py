@@ -1,0 +1,120 @@
+"""What each body and each setting allows: the explorer's one table, written from the README.
+
+The checker (:mod:`.checker`) never decides on its own what is acceptable; it asks this
+module. Each rule quotes the README sentence (or the design's "Rules that hold at the
+defaults") it comes from, so a disagreement between a run and the table is either a bug in
+the product or a defect of the README/table pair, and the quote says which text to re-read.
+
+Outcomes are ``completed`` or ``dead:<reason>`` (the ``x-beetle-dead-reason`` of
+:mod:`celery_beetle.deadletter`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from celery_beetle.testing.explorer.scenario import Item, Settings
+
+__all__ = ["RULES", "Expectation", "expect", "max_starts"]
+
+#: rule name -> where it comes from (README section, or design.md), quoted
+RULES: dict[str, str] = {
+    "lost": 'README "Exactly once": a message leaves its queue only once its outcome or its '
+    "dead letter is stored (so a confirmed BeetleTask ends completed or dead-lettered)",
+    "audit": 'README "The delivery audit": no message lost, duplicated or unexpected',
+    "starts": 'README table: attempts = "how many times a message may start"; design.md: '
+    "`attempts` counts body starts",
+    "dead_never_started": "design.md: a claim whose body never began never uses an attempt "
+    "(so attempts_limit needs `attempts` starts in the ledger); README: an attempt counts "
+    "once the start is stored, the instant before the body's first line (so one message "
+    "per process killed may be one start short)",
+    "success_dead": 'README "Exactly once": when the body succeeded the gate stores the '
+    "completion (a body that returned, in a process nobody killed, is completed)",
+    "ran_again": 'README "the inbox": the dedup store runs a body once unless its worker dies '
+    "after the body's effects and before the completion reaches Redis",
+    "outcome": "README: retries while `exceptions` allow, then `<queue>.dead` with the "
+    "reason; an exception not in retry_on dead-letters at once",
+    "both": "README: one outcome per message (a completed message is never dead-lettered, "
+    "unless a replay ran it again)",
+    "inbox_twice": 'README "the inbox": two runs cannot both commit (one effect per message)',
+    "inbox_committed_dead": 'README "the inbox": a run after a committed one finds the row '
+    "and returns, and is completed in the dedup store like any successful run",
+    "leftover": "nothing left in the queue, its delay queues or unexplained in `.dead` once "
+    "every message has its outcome",
+    "chain": "Celery's chain: the second task is published once the first succeeded, and "
+    "never when it failed (each then runs once, as any BeetleTask)",
+    "plain_twice": 'README: "a plain task: one broker, exactly as on pyamqp" (acked before '
+    "it runs: at most once, unless a broker's ack was lost with it)",
+}
+
+GIVE_UP = frozenset({"dead:attempts_limit", "dead:exceptions_limit"})
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """The outcomes a message may end with when nothing interrupted its bodies."""
+
+    outcomes: frozenset[str]
+    #: ``dead:attempts_limit`` is also allowed when every start was interrupted by a fault
+    interrupted_may_die: bool = True
+
+
+def expect(
+    item: Item, settings: Settings, replays: int = 0, killed_first: bool = False
+) -> Expectation:
+    """The outcomes ``item`` may have under ``settings`` (README "What a message that cannot
+    run gets", "Exactly once", the inbox), after ``replays`` replays of its dead letter;
+    ``killed_first``: a fault killed the process of its first start after it began."""
+    if item.kind == "inbox":
+        return Expectation(frozenset({"completed"}))
+    if item.kind == "bad":
+        # README "What a message that cannot run gets": dead-lettered with the reason. A
+        # message without a message_id gets one with its dead letter (README "Dead
+        # letters"), so a replay runs it once under that id, and its body is an ``ok`` one
+        dead = frozenset({f"dead:{item.mode}"})
+        if item.mode == "no_message_id" and replays:
+            return Expectation(dead | {"completed"}, interrupted_may_die=False)
+        return Expectation(dead, interrupted_may_die=False)
+    mode = item.mode
+    if mode in ("ok", "long"):  # also a chain's first task with an ``ok`` body
+        return Expectation(frozenset({"completed"}))
+    if mode == "fail":
+        return Expectation(GIVE_UP, interrupted_may_die=True)
+    if mode == "flaky":
+        # it fails on its first start only: a retry or a replay (README "Dead letters": a
+        # replay runs it once more, with a fresh attempt budget) completes it
+        retried = (settings.exceptions >= 1 and settings.attempts >= 2) or replays > 0
+        if killed_first and settings.attempts >= 2:
+            # its first start was killed before it could fail: the next start is its second
+            # (the body counts its starts), which succeeds within `attempts`
+            return Expectation(frozenset({"completed"}) | GIVE_UP)
+        return Expectation(frozenset({"completed"}) if retried else GIVE_UP)
+    if mode == "fatal":
+        return Expectation(frozenset({"dead:not_retryable"}))
+    if mode == "overrun":
+        # prefork's hard time limit (derived from the lease) ends the body: a failure; the
+        # other pools extend the lease and the body completes
+        if settings.pool == "prefork":
+            return Expectation(GIVE_UP | {"dead:not_retryable"})
+        return Expectation(frozenset({"completed"}))
+    raise ValueError(f"no rule for {item}")
+
+
+def max_starts(settings: Settings, replays: int) -> int:
+    """Body starts a BeetleTask message may have: ``attempts``, again per replay (a replay
+    gives a fresh attempt budget)."""
+    return settings.attempts * (1 + replays)
+
+
+def plain_may_be_lost(worker_kills: int, broker_faults: int) -> bool:
+    """A plain task is acked early (pyamqp's default): a worker killed with it prefetched or
+    running, or a broker lost with it, loses it, as on pyamqp."""
+    return worker_kills + broker_faults > 0
+
+
+def plain_may_repeat(broker_faults: int) -> bool:
+    """README "What happens when a broker fails": an ack for a broker that died is dropped
+    (that broker redelivers). A broker whose link was cut, stalled or whose replies were
+    held died to its clients, as on pyamqp: Celery acks a plain task before its body, and
+    an ack on a connection being closed never reaches the broker."""
+    return broker_faults > 0

@@ -1,0 +1,146 @@
+"""The tasks the explorer's workers run, configured from the environment.
+
+``celery -A celery_beetle.testing.explorer.app worker`` loads ``app``; the explorer's
+publisher builds the same app with :func:`make_app`. Environment:
+
+- ``EXPLORER_URL`` (``beetle://``), ``EXPLORER_REDIS``, ``EXPLORER_QUEUE``,
+  ``EXPLORER_TRACE`` (trace dir), ``EXPLORER_LEDGER`` (ledger dir, :mod:`.ledger`);
+- ``EXPLORER_TASK``: JSON BeetleTask options (``attempts``, ``exceptions``, ``timeout``,
+  ``acks_late``...), ``EXPLORER_CONF``: JSON ``app.conf`` settings (prefetch, queue type);
+- ``EXPLORER_DB``: a PostgreSQL URL for ``ex.inbox`` (its ``explorer_effects`` table).
+
+Tasks (each writes ``start``/``end``/``fail`` to the ledger; the key is the task id):
+
+- ``ex.work(mode, sleep_s)``: ``ok`` sleeps and returns; ``long`` sleeps half the lease;
+  ``overrun`` sleeps 1.5 leases (prefork's hard limit ends it; other pools extend the lease);
+  ``fail`` raises RuntimeError (worth a retry) every time; ``flaky`` raises on its first
+  start only (the ledger says whether it started before); ``fatal`` raises KeyError (not in
+  ``retry_on``: dead-lettered at once);
+- ``ex.inbox(sleep_s)``: inserts its effect row behind ``inbox.once`` in one transaction,
+  notes ``committed``, then sleeps ``sleep_s`` (the window where a kill finds the effect
+  committed and the completion not stored);
+- ``ex.plain(sleep_s)``: a plain Celery task (one broker, acked early, as on pyamqp).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import sqlalchemy as sa
+from celery import Celery
+
+import celery_beetle
+from celery_beetle import BeetleTask
+from celery_beetle.testing.explorer.ledger import note, read_dir
+
+EFFECTS = sa.Table(
+    "explorer_effects",
+    sa.MetaData(),
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("key", sa.String(255), nullable=False),  # no unique key: a repeat shows
+)
+
+_engines: dict[int, sa.Engine] = {}
+
+
+def _engine(url: str) -> sa.Engine:
+    """One engine per process: a pool process must not share its parent's connections."""
+    pid = os.getpid()
+    if pid not in _engines:
+        from celery_beetle.outbox.db import engine_for
+
+        _engines[pid] = engine_for(url, pool_size=1)
+    return _engines[pid]
+
+
+def make_app(
+    url: str,
+    redis_url: str,
+    *,
+    queue: str = "explore",
+    trace_dir: str | None = None,
+    ledger_dir: str = "/tmp",
+    task_options: dict[str, Any] | None = None,
+    conf: dict[str, Any] | None = None,
+    transport_options: dict[str, Any] | None = None,
+    db_url: str | None = None,
+) -> Celery:
+    app = Celery("explorer", broker=url, set_as_current=False)
+    app.conf.broker_transport_options = transport_options or {}
+    app.conf.task_default_queue = queue
+    app.conf.broker_connection_retry_on_startup = True
+    app.conf.worker_hijack_root_logger = False
+    app.conf.beetle_redis_url = redis_url
+    app.conf.beetle_trace_dir = trace_dir
+    app.conf.update(conf or {})
+    celery_beetle.install(app)
+    options = {**(task_options or {}), "retry_on": (RuntimeError,)}
+    lease_s = float(options.get("timeout", 300))
+
+    @app.task(base=BeetleTask, bind=True, name="ex.work", shared=False, **options)
+    def work(self: Any, mode: str, sleep_s: float) -> str:
+        key = str(self.request.id)
+        earlier = len(read_dir(ledger_dir).entry(key).starts) if mode == "flaky" else 0
+        note(ledger_dir, "start", key, mode=mode)
+        if mode == "long":
+            sleep_s = lease_s / 2
+        elif mode == "overrun":
+            sleep_s = lease_s * 1.5
+        time.sleep(sleep_s)
+        if mode == "fail" or (mode == "flaky" and not earlier):
+            note(ledger_dir, "fail", key)
+            raise RuntimeError(f"{mode} body of {key} fails")
+        if mode == "fatal":
+            note(ledger_dir, "fail", key)
+            raise KeyError(f"fatal body of {key}")
+        note(ledger_dir, "end", key)
+        return key
+
+    @app.task(base=BeetleTask, bind=True, name="ex.inbox", shared=False, **options)
+    def inbox_task(self: Any, sleep_s: float) -> str:
+        from sqlalchemy.orm import Session
+
+        from celery_beetle.outbox import inbox
+
+        key = str(self.request.id)
+        note(ledger_dir, "start", key)
+        assert db_url, "ex.inbox needs EXPLORER_DB"
+        with Session(_engine(db_url)) as session, session.begin():
+            if not inbox.once(session, self.request):
+                note(ledger_dir, "end", key, skipped=True)
+                return key
+            session.execute(sa.insert(EFFECTS), [{"key": key}])
+        note(ledger_dir, "committed", key)
+        time.sleep(sleep_s)
+        note(ledger_dir, "end", key)
+        return key
+
+    @app.task(bind=True, name="ex.plain", shared=False)
+    def plain(self: Any, sleep_s: float) -> str:
+        key = str(self.request.id)
+        note(ledger_dir, "start", key)
+        time.sleep(sleep_s)
+        note(ledger_dir, "end", key)
+        return key
+
+    return app
+
+
+def _env_json(name: str) -> dict[str, Any]:
+    return dict(json.loads(os.environ.get(name) or "{}"))
+
+
+app = make_app(
+    os.environ.get("EXPLORER_URL", "beetle://"),
+    os.environ.get("EXPLORER_REDIS", "redis://127.0.0.1:6379/15"),
+    queue=os.environ.get("EXPLORER_QUEUE", "explore"),
+    trace_dir=os.environ.get("EXPLORER_TRACE") or None,
+    ledger_dir=os.environ.get("EXPLORER_LEDGER", "/tmp"),
+    task_options=_env_json("EXPLORER_TASK"),
+    conf=_env_json("EXPLORER_CONF"),
+    transport_options=_env_json("EXPLORER_OPTIONS"),
+    db_url=os.environ.get("EXPLORER_DB") or None,
+)

@@ -1,0 +1,309 @@
+"""The verdict on one run: the audit over the trace, plus the ledger, against :mod:`.allowed`.
+
+Two witnesses that do not share code with the gate: the trace (what the workers decided,
+judged by :mod:`celery_beetle.audit.naive`, the audit's verdicts in one process) and the
+ledger (what the bodies did, :mod:`.ledger`), plus what the servers hold at the end (dead
+letters per message with their reason, messages left in queues, inbox effect rows). Each
+message is judged by the rules of :mod:`.allowed`; every breach is a :class:`Violation`
+naming the rule, the message and the evidence.
+
+A dead letter blamed on a fault is allowed only with the ledger's proof: an ``ok`` body may
+end dead-lettered for ``attempts_limit`` only if it *started* ``attempts`` times, and a body
+that returned may end dead-lettered only if a fault killed its process after it returned
+(its completion may not have been stored).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from celery_beetle.audit import naive
+from celery_beetle.testing.explorer import allowed
+from celery_beetle.testing.explorer.ledger import Entry, Ledger
+from celery_beetle.testing.explorer.scenario import Item, Scenario
+
+__all__ = ["Evidence", "Trace", "Violation", "awaited", "judge", "read_trace", "second_key"]
+
+WORKER_KILLS = ("worker_kill", "pool_kill")
+DONE = naive.DONE_STATUS
+BROKER_FAULTS = ("broker_kill", "broker_freeze")
+#: a candidate rule, judged over the whole run (:func:`_tolerate_start_window`)
+START_WINDOW = "dead_start_window"
+#: faults that end a client's connection to a broker while the broker lives on: to the
+#: client the broker died (its acks on that connection are dropped, the broker redelivers)
+BROKER_LINK_FAULTS = ("partition", "stall", "held_replies")
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: str
+    key: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"[{self.rule}] {self.key}: {self.detail}"
+
+
+@dataclass
+class Trace:
+    """Per task id: outcome events from the trace (``completed``, ``dead_lettered`` with
+    their reasons, ``started``) and the number of replays."""
+
+    completed: Counter[str] = field(default_factory=Counter)
+    started: Counter[str] = field(default_factory=Counter)
+    dead: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    #: when the first ``dead_lettered`` event of a task id was written (unix seconds)
+    first_dead_s: dict[str, float] = field(default_factory=dict)
+    replays: Counter[str] = field(default_factory=Counter)
+    seen_completed: set[str] = field(default_factory=set)
+
+    def is_completed(self, task_id: str) -> bool:
+        return bool(self.completed[task_id]) or task_id in self.seen_completed
+
+
+def read_trace(trace_dir: Path) -> Trace:
+    trace = Trace()
+    by_message: dict[str, str] = {}
+    replays: list[str] = []
+    for path in naive.expand([trace_dir]):
+        for line in Path(path).read_text(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            event, task_id = rec.get("event"), rec.get("task_id")
+            if event == "replayed":
+                replays.append(str(rec.get("message_id")))
+                continue
+            if not task_id:
+                continue
+            by_message[str(rec.get("message_id"))] = task_id
+            if event == "completed":
+                trace.completed[task_id] += 1
+            elif event == "started":
+                trace.started[task_id] += 1
+            elif event == "duplicate" and (rec.get("detail") or {}).get("status") in DONE:
+                # the store said "completed" to a copy: completed, whether or not the run's
+                # own ``completed`` event reached the trace (the audit's completed_unobserved)
+                trace.seen_completed.add(task_id)
+            elif event == "dead_lettered":
+                trace.dead[task_id].append(str((rec.get("detail") or {}).get("reason")))
+                when = int(rec.get("ts_ms") or 0) / 1000
+                trace.first_dead_s[task_id] = min(when, trace.first_dead_s.get(task_id, when))
+    for message_id in replays:
+        if message_id in by_message:
+            trace.replays[by_message[message_id]] += 1
+    return trace
+
+
+@dataclass
+class Evidence:
+    """What a run left, gathered by the runner after the drain."""
+
+    confirmed: set[str]  # keys whose publish was confirmed
+    keys: dict[str, Item]  # key -> the item it was published for
+    trace: Trace
+    ledger: Ledger
+    audit: naive.Verdict
+    #: key -> reasons of the dead letters found in ``<queue>.dead`` on the brokers
+    dead_letters: dict[str, set[str]] = field(default_factory=dict)
+    #: (when, pids) of every process a fault killed with SIGKILL
+    kills: list[tuple[float, set[int]]] = field(default_factory=list)
+    faults: Counter[str] = field(default_factory=Counter)
+    effects: Counter[str] = field(default_factory=Counter)  # inbox effect rows per key
+    #: queue -> keys of the messages still there after the workers stopped
+    leftover: dict[str, list[str]] = field(default_factory=dict)
+    unresolved: set[str] = field(default_factory=set)  # keys without an outcome at the end
+
+
+def second_key(key: str) -> str:
+    """The task id of a chain's second task (the first's is the item's key)."""
+    return f"{key}c"
+
+
+def awaited(beetle: set[str], keys: dict[str, Item], trace: Trace) -> set[str]:
+    """The BeetleTasks whose outcome the drain waits for: the confirmed ones, and the second
+    task of every chain whose first completed."""
+    follow = {second_key(k) for k in beetle if keys[k].kind == "chain" and trace.is_completed(k)}
+    return beetle | follow
+
+
+def _killed_after(entry_ts: float, pid: int, kills: list[tuple[float, set[int]]]) -> bool:
+    return any(ts >= entry_ts and pid in pids for ts, pids in kills)
+
+
+def _outcomes(key: str, ev: Evidence) -> set[str]:
+    out = {f"dead:{r}" for r in ev.trace.dead.get(key, [])} | {
+        f"dead:{r}" for r in ev.dead_letters.get(key, set())
+    }
+    if ev.trace.is_completed(key):
+        out.add("completed")
+    return out
+
+
+def _judge_beetle(scenario: Scenario, key: str, item: Item, ev: Evidence) -> list[Violation]:
+    settings = scenario.settings
+    entry: Entry = ev.ledger.entry(key)
+    starts = len(entry.starts)
+    replays = ev.trace.replays[key]
+    if item.kind == "bad" and item.mode == "no_message_id" and ev.faults["replay"]:
+        # its dead letter got an id of its own (the trace knows it by that one, not by the
+        # task id): a `dead replay --all` during the run may have replayed it
+        replays = max(replays, 1)
+    outcomes = _outcomes(key, ev)
+    found: list[Violation] = []
+
+    def breach(rule: str, detail: str) -> None:
+        found.append(Violation(rule, key, f"{detail} ({item.kind}:{item.mode})"))
+
+    if not outcomes:
+        breach("lost", f"no outcome; {starts} start(s), still unresolved={key in ev.unresolved}")
+        return found
+    if starts > allowed.max_starts(settings, replays):
+        breach("starts", f"{starts} body starts with attempts={settings.attempts}")
+    returned = [(ts, pid) for ts, pid in entry.ends if not _killed_after(ts, pid, ev.kills)]
+    if returned and not replays and any(ts > returned[0][0] for ts, _ in entry.starts):
+        breach("ran_again", f"started again after a body returned at {returned[0][0]:.2f}")
+    if "completed" in outcomes and len(outcomes) > 1 and not replays:
+        breach("both", f"completed and dead-lettered: {sorted(outcomes)}")
+    first = min(entry.starts, default=None)
+    killed_first = first is not None and _killed_after(first[0], first[1], ev.kills)
+    expectation = allowed.expect(item, settings, replays, killed_first)
+    for outcome in sorted(outcomes - expectation.outcomes):
+        if outcome == "completed":
+            breach("outcome", f"completed, but the body cannot succeed; {starts} start(s)")
+            continue
+        if outcome != "dead:attempts_limit" or not expectation.interrupted_may_die:
+            breach("outcome", f"{outcome}, expected one of {sorted(expectation.outcomes)}")
+            continue
+        # attempts used up by faults: only with proof that the bodies began, before the
+        # (first) dead letter; a replay afterwards may run the message again
+        dead_at = ev.trace.first_dead_s.get(key, float("inf"))
+        began = [ts for ts, _pid in entry.starts if ts <= dead_at]
+        if len(began) < settings.attempts:
+            breach(
+                # one start short: maybe the start window (:func:`_tolerate_start_window`)
+                START_WINDOW if len(began) == settings.attempts - 1 else "dead_never_started",
+                f"dead-lettered attempts_limit with attempts={settings.attempts} but the body "
+                f"started {len(began)} time(s) before it ({starts} in all, {replays} replay(s))",
+            )
+        returned = [
+            (ts, pid)
+            for ts, pid in entry.ends
+            if ts <= dead_at and not _killed_after(ts, pid, ev.kills)
+        ]
+        if returned:
+            breach(
+                "success_dead",
+                f"dead-lettered attempts_limit although a body returned at {returned[0][0]:.2f} "
+                f"in pid {returned[0][1]} and no fault killed it after "
+                f"(acks_late={settings.acks_late})",
+            )
+    if item.kind == "inbox":
+        if ev.effects[key] > 1:
+            breach("inbox_twice", f"{ev.effects[key]} effect rows behind the inbox")
+        if ev.effects[key] and any(o.startswith("dead:") for o in outcomes):
+            breach("inbox_committed_dead", f"effect committed, but dead-lettered: {outcomes}")
+    return found
+
+
+def _judge_second(scenario: Scenario, key: str, item: Item, ev: Evidence) -> list[Violation]:
+    """A chain's second task: judged as an ``ok`` body once the first completed; never run,
+    never published, when it did not."""
+    second = second_key(key)
+    if ev.trace.is_completed(key):
+        return _judge_beetle(scenario, second, Item(item.index, "work", "ok"), ev)
+    ran = ev.ledger.entry(second).starts or _outcomes(second, ev)
+    if ran:
+        return [Violation("chain", second, "ran although the chain's first task did not complete")]
+    return []
+
+
+def _judge_plain(key: str, ev: Evidence) -> list[Violation]:
+    entry = ev.ledger.entry(key)
+    kills = sum(ev.faults[k] for k in (*WORKER_KILLS, "worker_term"))
+    broker_faults = sum(ev.faults[k] for k in BROKER_FAULTS)
+    link_faults = sum(ev.faults[k] for k in BROKER_LINK_FAULTS)
+    if not entry.starts and not allowed.plain_may_be_lost(kills, broker_faults):
+        return [Violation("lost", key, "plain task never ran, and no fault could lose it")]
+    if len(entry.starts) > 1 and not allowed.plain_may_repeat(broker_faults + link_faults):
+        return [Violation("plain_twice", key, f"plain task started {len(entry.starts)} times")]
+    return []
+
+
+def judge(scenario: Scenario, ev: Evidence) -> list[Violation]:
+    """Every breach of :mod:`.allowed` in the run; empty when the run is correct."""
+    found: list[Violation] = []
+    counts = ev.audit.counts
+    for verdict in ("lost", "duplicated", "unexpected"):
+        for ident in ev.audit.ids.get(verdict, []):
+            found.append(Violation("audit", ident, f"the audit says {verdict}"))
+    if counts.get("malformed_lines"):
+        found.append(Violation("audit", "-", f"{counts['malformed_lines']} malformed lines"))
+    for key in sorted(ev.confirmed):
+        item = ev.keys[key]
+        if item.kind == "plain":
+            found += _judge_plain(key, ev)
+        else:
+            found += _judge_beetle(scenario, key, item, ev)
+        if item.kind == "chain":
+            found += _judge_second(scenario, key, item, ev)
+    found = _tolerate_start_window(found, ev)
+    for queue, keys in sorted(ev.leftover.items()):
+        # a surplus copy of a message that has its outcome is explained: the next worker
+        # drops it as a duplicate; anything else is not
+        unexplained = [k for k in keys if not _outcomes(k, ev)]
+        if unexplained:
+            found.append(Violation("leftover", queue, f"left at the end: {unexplained[:10]}"))
+    return found
+
+
+def _tolerate_start_window(found: list[Violation], ev: Evidence) -> list[Violation]:
+    """An attempt counts once the pool stored the start, the instant before the body's
+    first line (README "Exactly once"): a process killed in that instant used an attempt
+    its body never began, and no witness outside the process can tell that instant from
+    the body's first line. So one message one start short may be dead-lettered per process
+    killed (a worker or a pool process, SIGKILL); more than that is #24.1 (a claim counted
+    as a start: every delivery queued in the pool at the kill)."""
+    window = [v for v in found if v.rule == START_WINDOW]
+    others = [v for v in found if v.rule != START_WINDOW]
+    if len(window) <= sum(ev.faults[k] for k in WORKER_KILLS):
+        return others
+    return others + [Violation("dead_never_started", v.key, v.detail) for v in window]
+
+
+def finding(violation: Violation, scenario: Scenario) -> str:
+    """Which known finding of issue #24 a violation looks like (a hint for the report, not
+    a verdict: the rule broken is the verdict)."""
+    settings = scenario.settings
+    kinds = {f.kind for f in scenario.faults}
+    rule = violation.rule
+    if rule == "dead_never_started":
+        return "#24.1 claim counted as a start"
+    if settings.acks_late is False and rule in (
+        "success_dead",
+        "inbox_committed_dead",
+        "ran_again",
+        "lost",
+        "audit",
+    ):
+        return "#24.2 acks_late=False success turned into a failure"
+    if rule == "inbox_committed_dead":
+        return "#24.6 inbox dead-lettered after its commit"
+    if rule == "success_dead":
+        return f"new: a returned body's completion not stored in time (pool={settings.pool})"
+    if rule in ("lost", "audit", "leftover") and "migrate" in kinds:
+        return "#24.3 migration loses held deliveries?"
+    return f"new: {rule}"
+
+
+def summary(violations: list[Violation], scenario: Scenario) -> dict[str, Any]:
+    by_rule = Counter(v.rule for v in violations)
+    return {
+        "rules": dict(by_rule),
+        "findings": sorted({finding(v, scenario) for v in violations}),
+    }

@@ -1,0 +1,208 @@
+"""The nemesis: a thread that injects a scenario's faults at their times, then heals them.
+
+Every fault acts on a real process by its pid (SIGKILL, SIGTERM, SIGSTOP) or on a real
+server through its own interface (Redis ``CONFIG SET maxmemory 1`` to refuse writes,
+``SCRIPT FLUSH``), or runs the operator's own command (``beetle queues migrate``, ``beetle
+dead replay``) as a subprocess. Each is recorded with its wall-clock time and, for a
+SIGKILL, the pids it killed: the checker needs them to decide whether a body that returned
+could have lost its completion (:mod:`.checker`). A fault heals itself after its
+``duration_s`` (a killed process restarts, a frozen one resumes), so a run always ends with
+every server up and every worker slot filled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from celery_beetle.testing.redis_faults import refusing_writes
+from celery_beetle.testing.worker import _children
+
+if TYPE_CHECKING:
+    from celery_beetle.testing.explorer.runner import Run
+
+__all__ = ["Nemesis"]
+
+
+class Nemesis(threading.Thread):
+    """Applies ``run.scenario.faults`` in order; :attr:`kills` and :attr:`counts` for the
+    checker, :attr:`log` a line per fault for the report."""
+
+    def __init__(self, run: Run) -> None:
+        super().__init__(daemon=True, name="explorer-nemesis")
+        self.run_ = run
+        self.kills: list[tuple[float, set[int]]] = []
+        self.counts: Counter[str] = Counter()
+        self.log: list[str] = []
+        self.errors: list[str] = []
+        self.stopping = threading.Event()
+        self.helpers: list[subprocess.Popen[bytes]] = []  # migrate / replay commands
+
+    def run(self) -> None:
+        for fault in self.run_.scenario.faults:
+            wait = self.run_.started + fault.at_s - time.monotonic()
+            if wait > 0 and self.stopping.wait(wait):
+                return
+            try:
+                getattr(self, f"_{fault.kind}")(fault.target, fault.duration_s)
+                self.counts[fault.kind] += 1
+                self.log.append(f"{time.monotonic() - self.run_.started:6.1f}s {fault.kind}")
+            except Exception as exc:  # a fault that could not be applied is noted, not fatal
+                self.errors.append(f"{fault.kind}: {type(exc).__name__}: {exc}")
+
+    # -- workers -----------------------------------------------------------------------------
+
+    def _worker_kill(self, target: int, duration_s: float) -> None:
+        fleet = self.run_.fleet
+        slot = target % len(fleet.slots)
+        worker = fleet.slots[slot]
+        if worker is None or not worker.alive():
+            return
+        pids = {worker.pid or 0, *_children(worker.pid or 0)}
+        self.kills.append((time.time(), pids))
+        worker.kill()
+        self.stopping.wait(duration_s)
+        fleet.start(slot)
+
+    def _worker_term(self, target: int, duration_s: float) -> None:
+        fleet = self.run_.fleet
+        slot = target % len(fleet.slots)
+        worker = fleet.slots[slot]
+        if worker is None or not worker.alive():
+            return
+        worker.stop(timeout=self.run_.scenario.settings.timeout_s * 2 + 10)
+        self.stopping.wait(duration_s)
+        fleet.start(slot)
+
+    def _pool_kill(self, target: int, duration_s: float) -> None:
+        worker = self.run_.fleet.slots[target % len(self.run_.fleet.slots)]
+        if worker is None or not worker.alive():
+            return
+        children = _children(worker.pid or 0)
+        if children:
+            pid = children[target % len(children)]
+            self.kills.append((time.time(), {pid}))
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    # -- servers -----------------------------------------------------------------------------
+
+    def _broker_kill(self, target: int, duration_s: float) -> None:
+        node = self.run_.nodes[target % len(self.run_.nodes)]
+        node.kill()
+        self.stopping.wait(duration_s)
+        node.start()
+
+    def _broker_freeze(self, target: int, duration_s: float) -> None:
+        node = self.run_.nodes[target % len(self.run_.nodes)]
+        node.pause()
+        self.stopping.wait(duration_s)
+        node.resume()
+
+    def _redis_kill(self, target: int, duration_s: float) -> None:
+        self.run_.cluster.redis.kill()
+        self.stopping.wait(duration_s)
+        self.run_.cluster.redis.start()
+
+    def _redis_refuse(self, target: int, duration_s: float) -> None:
+        with refusing_writes(self.run_.cluster.redis):
+            self.stopping.wait(duration_s)
+
+    def _script_flush(self, target: int, duration_s: float) -> None:
+        with self.run_.cluster.redis.client() as client:
+            client.script_flush()
+
+    # -- the network (a TCP proxy in front of each server) ----------------------------------
+
+    def _link(self, target: int) -> Any:
+        proxies = self.run_.proxies
+        return proxies[target % len(proxies)]
+
+    def _partition(self, target: int, duration_s: float) -> None:
+        """Both ways: every connection reset, new ones refused (a link down)."""
+        proxy = self._link(target)
+        proxy.cut()
+        self.stopping.wait(duration_s)
+        proxy.restore()
+
+    def _stall(self, target: int, duration_s: float) -> None:
+        """Connections stay open and nothing moves (a host frozen behind a switch)."""
+        proxy = self._link(target)
+        proxy.stall()
+        self.stopping.wait(duration_s)
+        proxy.restore()
+
+    def _held_replies(self, target: int, duration_s: float) -> None:
+        """Requests reach the broker, its replies are held: one way (lost replies)."""
+        proxy = self._link(target)
+        proxy.hold_replies()
+        self.stopping.wait(duration_s)
+        proxy.restore()
+
+    def _redis_partition(self, target: int, duration_s: float) -> None:
+        proxy = self.run_.cluster.redis_proxy
+        assert proxy is not None
+        proxy.cut()
+        self.stopping.wait(duration_s)
+        proxy.restore()
+
+    def _redis_held_replies(self, target: int, duration_s: float) -> None:
+        """Redis applies the scripts; the replies are held (a claim whose reply was lost)."""
+        proxy = self.run_.cluster.redis_proxy
+        assert proxy is not None
+        proxy.hold_replies()
+        self.stopping.wait(duration_s)
+        proxy.restore()
+
+    # -- operators' commands -----------------------------------------------------------------
+
+    def _beetle(self, name: str, *args: str) -> None:
+        command = [sys.executable, "-c", "from celery_beetle.cli import main; main()", *args]
+        log = Path(self.run_.base / f"{name}.log")
+        with log.open("ab") as out:
+            proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        self.helpers.append(proc)
+
+    def _migrate(self, target: int, duration_s: float) -> None:
+        run = self.run_
+        run.fleet.conf["task_default_queue_type"] = "quorum"  # what a restarted worker says
+        args = ["queues", "migrate", run.queue, "--broker", run.url, "--redis", run.redis_url]
+        args += ["--settle-s", "1", "--queue-type", "quorum"]
+        for node, proxy in zip(run.nodes, run.proxies, strict=True):
+            api = f"http://{node.host}:{node.management_port}"
+            args += ["--management-url", f"{proxy.host_port}={api}"]
+        self._beetle("migrate", *args)
+
+    def _replay(self, target: int, duration_s: float) -> None:
+        run = self.run_
+        args = ["dead", "replay", run.queue, "--all", "--broker", run.url]
+        self._beetle("replay", *args, "--redis", run.redis_url, "--trace-dir", str(run.trace))
+
+    # -- the end -----------------------------------------------------------------------------
+
+    def finish(self, timeout: float) -> None:
+        """Wait for the schedule and the commands it started (bounded), killing what is
+        left; every process this thread started is gone when it returns."""
+        self.join(timeout)
+        if self.is_alive():
+            self.stopping.set()
+            self.join(30)
+        deadline = time.monotonic() + 60
+        for proc in self.helpers:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                self.errors.append(f"{proc.args!r} did not end within 60 s: killed")
+
+    def describe(self) -> dict[str, Any]:
+        return {"faults": dict(self.counts), "log": self.log, "errors": self.errors}

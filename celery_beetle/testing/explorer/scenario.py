@@ -1,0 +1,278 @@
+"""A scenario: the workload, the settings and the faults of one run, drawn from a seed.
+
+Everything random about a run is decided here, before anything starts, by one
+``random.Random(seed)``: the same seed gives the same scenario (the servers' own timing still
+varies), and a failure is replayed with ``scripts/explore --seed S``. The draw leans towards
+what users run (``attempts=1``, the default prefetch, ``acks_late`` as BeetleTask sets it)
+and towards the moments where features meet (a worker killed while its pool holds claimed
+deliveries, a migration while countdown tasks are held, a kill right after an inbox commit),
+because that is where the bugs found so far were.
+
+A scenario is a plain dataclass: printable (:meth:`Scenario.describe`), serialisable
+(:meth:`Scenario.to_json`), and reducible (:mod:`.shrink` drops items, faults and workers
+from it and runs what is left).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+__all__ = [
+    "BAD_INPUTS",
+    "BODY_MODES",
+    "FAULT_KINDS",
+    "NETWORK_FAULTS",
+    "Fault",
+    "Item",
+    "Scenario",
+    "Settings",
+    "draw",
+]
+
+#: what a ``ex.work`` body does (see :mod:`.app`); the modes' rules are in :mod:`.allowed`
+BODY_MODES = ("ok", "long", "fail", "flaky", "fatal", "overrun")
+#: messages a publisher should never write, published raw to one broker (:mod:`.runner`)
+BAD_INPUTS = ("undecodable", "invalid_header", "no_message_id")
+#: every fault the nemesis (:mod:`.faults`) knows, with its weight in the draw
+FAULT_KINDS: dict[str, int] = {
+    "worker_kill": 30,
+    "worker_term": 12,
+    "pool_kill": 8,
+    "broker_kill": 10,
+    "broker_freeze": 8,
+    "redis_kill": 8,
+    "redis_refuse": 5,
+    "script_flush": 4,
+    "migrate": 8,
+    "replay": 5,
+}
+#: faults of the draw's second version (its own stream, so earlier seeds keep their faults)
+NETWORK_FAULTS: dict[str, int] = {
+    "partition": 4,
+    "stall": 3,
+    "held_replies": 2,
+    "redis_partition": 3,
+    "redis_held_replies": 2,
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the workers and the task are configured with (one set per scenario)."""
+
+    attempts: int = 1
+    exceptions: int = 0
+    acks_late: bool | None = None  # None: as BeetleTask sets it
+    timeout_s: float = 6.0  # the lease
+    prefetch_multiplier: int = 4
+    pool: str = "prefork"
+    concurrency: int = 2
+    brokers: int = 2
+    workers: int = 1
+    inbox: bool = False  # a PostgreSQL and ``ex.inbox`` tasks
+
+    def task_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {
+            "attempts": self.attempts,
+            "exceptions": self.exceptions,
+            "timeout": self.timeout_s,
+            "retry_delay": 0.2,
+            "max_delay": 1,
+        }
+        if self.acks_late is not None:
+            options["acks_late"] = self.acks_late
+        return options
+
+
+@dataclass(frozen=True)
+class Item:
+    """One message: ``kind`` ``work`` (a BeetleTask), ``inbox`` (a BeetleTask committing its
+    effect behind the inbox), ``plain`` (a plain Celery task, one broker) or ``bad`` (an
+    ``ex.work`` message with a defect, ``mode`` one of BAD_INPUTS) or ``chain`` (two
+    ``ex.work`` tasks in a chain, the first with body ``mode``, the second ``ok``)."""
+
+    index: int
+    kind: str
+    mode: str = "ok"  # for ``work``: one of BODY_MODES
+    sleep_s: float = 0.05
+    at_s: float = 0.0  # when it is published, from the scenario's start
+    countdown_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault at ``at_s``: ``target`` is a worker or broker index (taken modulo what
+    exists at that moment), ``duration_s`` how long before it heals (a restart, a resume)."""
+
+    at_s: float
+    kind: str
+    target: int = 0
+    duration_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    seed: int
+    settings: Settings
+    items: tuple[Item, ...]
+    faults: tuple[Fault, ...] = field(default=())
+
+    @property
+    def publish_s(self) -> float:
+        return max((i.at_s for i in self.items), default=0.0)
+
+    def describe(self) -> str:
+        s = self.settings
+        kinds: dict[str, int] = {}
+        for item in self.items:
+            name = item.kind if item.kind != "work" else f"work:{item.mode}"
+            kinds[name] = kinds.get(name, 0) + 1
+        countdowns = sum(1 for i in self.items if i.countdown_s)
+        faults = ", ".join(f"{f.kind}@{f.at_s:.1f}s" for f in self.faults) or "none"
+        return (
+            f"seed {self.seed}: attempts={s.attempts} exceptions={s.exceptions} "
+            f"acks_late={s.acks_late} timeout={s.timeout_s}s prefetch={s.prefetch_multiplier} "
+            f"pool={s.pool}x{s.concurrency} brokers={s.brokers} workers={s.workers} "
+            f"inbox={s.inbox}; {len(self.items)} messages {kinds} ({countdowns} countdown); "
+            f"faults: {faults}"
+        )
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(asdict(self), sort_keys=True, indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> Scenario:
+        data = json.loads(text)
+        return cls(
+            seed=data["seed"],
+            settings=Settings(**data["settings"]),
+            items=tuple(Item(**i) for i in data["items"]),
+            faults=tuple(Fault(**f) for f in data["faults"]),
+        )
+
+    def but(self, **changes: Any) -> Scenario:
+        return replace(self, **changes)
+
+
+def _settings(rng: random.Random) -> Settings:
+    attempts = rng.choices([1, 2, 3], weights=[50, 25, 25])[0]
+    pool = rng.choices(["prefork", "threads", "solo"], weights=[50, 30, 20])[0]
+    concurrency = {"prefork": rng.randint(1, 3), "threads": rng.randint(2, 4), "solo": 1}[pool]
+    return Settings(
+        attempts=attempts,
+        exceptions=rng.randint(0, attempts - 1),
+        acks_late=rng.choices([None, False, True], weights=[70, 20, 10])[0],
+        timeout_s=rng.choice([4.0, 6.0, 10.0]),
+        prefetch_multiplier=rng.choices([4, 1, 16], weights=[60, 20, 20])[0],
+        pool=pool,
+        concurrency=concurrency,
+        brokers=rng.choice([2, 3]),
+        workers=rng.choices([1, 2, 3], weights=[40, 40, 20])[0],
+        inbox=rng.random() < 0.35,
+    )
+
+
+def _items(rng: random.Random, settings: Settings, publish_s: float) -> tuple[Item, ...]:
+    count = rng.randint(20, 150)
+    countdown_share = rng.choice([0.0, 0.1, 0.4])
+    items = []
+    for index in range(count):
+        roll = rng.random()
+        if settings.inbox and roll < 0.3:
+            kind, mode = "inbox", "ok"
+        elif roll > 0.93:
+            kind, mode = "plain", "ok"
+        else:
+            kind = "work"
+            mode = rng.choices(BODY_MODES, weights=[62, 8, 8, 10, 8, 4])[0]
+        sleep_s = round(rng.choice([0.01, 0.05, 0.2, 0.6]) * rng.random() * 2, 3)
+        countdown = 0.0
+        if kind != "plain" and rng.random() < countdown_share:
+            countdown = round(rng.uniform(2, 15), 1)
+        items.append(
+            Item(
+                index=index,
+                kind=kind,
+                mode=mode,
+                sleep_s=sleep_s,
+                at_s=round(publish_s * index / count, 2),
+                countdown_s=countdown,
+            )
+        )
+    return tuple(items)
+
+
+def _faults(rng: random.Random, settings: Settings, publish_s: float) -> tuple[Fault, ...]:
+    kinds = [k for k in FAULT_KINDS if k != "pool_kill" or settings.pool == "prefork"]
+    weights = [FAULT_KINDS[k] for k in kinds]
+    faults = []
+    for _ in range(rng.choices([0, 1, 2, 3, 4], weights=[10, 35, 30, 15, 10])[0]):
+        kind = rng.choices(kinds, weights=weights)[0]
+        at = round(rng.uniform(0.5, publish_s + 4), 1)
+        faults.append(
+            Fault(at, kind, target=rng.randint(0, 2), duration_s=round(rng.uniform(0.3, 4), 1))
+        )
+        if kind == "migrate" and rng.random() < 0.6:
+            # the blue-green step after a migration: the workers restart
+            then = rng.choice(["worker_term", "worker_kill"])
+            faults.append(Fault(round(at + rng.uniform(2, 6), 1), then, rng.randint(0, 2), 1.0))
+    return tuple(sorted(faults, key=lambda f: f.at_s))
+
+
+def _bad_inputs(rng: random.Random, first: int, publish_s: float) -> tuple[Item, ...]:
+    """A few messages with bad headers or bodies (added in the draw's second version, from a
+    stream of their own: the first version's items and faults stay what they were)."""
+    count = rng.choice([0, 0, 1, 3])
+    return tuple(
+        Item(first + n, "bad", rng.choice(BAD_INPUTS), 0.0, round(rng.uniform(0, publish_s), 2))
+        for n in range(count)
+    )
+
+
+def _chains(rng: random.Random, first: int, publish_s: float) -> tuple[Item, ...]:
+    """Chains of two ``ex.work`` tasks (the second published by the worker that ran the
+    first); the first fails now and then, and then the second must never run."""
+    return tuple(
+        Item(
+            first + n,
+            "chain",
+            rng.choices(["ok", "fatal"], weights=[80, 20])[0],
+            round(rng.uniform(0.01, 0.3), 3),
+            round(rng.uniform(0, publish_s), 2),
+        )
+        for n in range(rng.choice([0, 0, 2, 5]))
+    )
+
+
+def _network_faults(
+    rng: random.Random, faults: tuple[Fault, ...], publish_s: float
+) -> tuple[Fault, ...]:
+    """A network fault through the proxies now and then (the draw's second version)."""
+    if rng.random() >= 0.3:
+        return faults
+    kind = rng.choices(list(NETWORK_FAULTS), weights=list(NETWORK_FAULTS.values()))[0]
+    fault = Fault(
+        round(rng.uniform(0.5, publish_s + 4), 1),
+        kind,
+        rng.randint(0, 2),
+        round(rng.uniform(0.5, 5), 1),
+    )
+    return tuple(sorted((*faults, fault), key=lambda f: f.at_s))
+
+
+def draw(seed: int) -> Scenario:
+    """The scenario of ``seed``: the same for the same seed, on any machine."""
+    rng = random.Random(seed)
+    settings = _settings(rng)
+    publish_s = rng.uniform(4, 12)
+    items = _items(rng, settings, publish_s)
+    faults = _faults(rng, settings, publish_s)
+    extra = random.Random(f"{seed}/2")
+    faults = _network_faults(extra, faults, publish_s)
+    more = _bad_inputs(extra, len(items), publish_s)
+    more += _chains(extra, len(items) + len(more), publish_s)
+    items = tuple(sorted(items + more, key=lambda i: i.at_s))
+    return Scenario(seed, settings, items, faults)

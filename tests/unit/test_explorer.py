@@ -1,0 +1,309 @@
+"""The fault explorer's pure parts, without servers: the seeded draw, the allowed table,
+the checker's judgments, the ledger's parsing and the shrinker's candidates."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from celery_beetle.audit.naive import Verdict
+from celery_beetle.testing.explorer import allowed, checker
+from celery_beetle.testing.explorer.ledger import note, read_dir
+from celery_beetle.testing.explorer.scenario import Fault, Item, Scenario, Settings, draw
+from celery_beetle.testing.explorer.shrink import candidates, regression_test_source
+from celery_beetle.testing.explorer.timeline import timeline
+
+
+def test_the_same_seed_draws_the_same_scenario():
+    assert draw(42) == draw(42)
+    assert draw(42).to_json() == draw(42).to_json()
+    assert draw(42) != draw(43)
+
+
+def test_a_scenario_survives_its_json():
+    scenario = draw(7)
+    assert Scenario.from_json(scenario.to_json()) == scenario
+
+
+def test_the_draw_leans_to_the_defaults_and_reaches_every_feature():
+    scenarios = [draw(seed) for seed in range(300)]
+    attempts = Counter(s.settings.attempts for s in scenarios)
+    assert attempts[1] > attempts[2] and attempts[1] > attempts[3]
+    assert any(s.settings.acks_late is False for s in scenarios)
+    assert any(s.settings.inbox for s in scenarios)
+    assert any(i.countdown_s for s in scenarios for i in s.items)
+    kinds = {f.kind for s in scenarios for f in s.faults}
+    assert {"worker_kill", "worker_term", "migrate", "replay", "broker_kill"} <= kinds
+    assert {"partition", "stall", "held_replies", "redis_partition"} <= kinds
+    migrations = [s for s in scenarios if any(f.kind == "migrate" for f in s.faults)]
+    assert any(
+        any(f.kind.startswith("worker_") and f.at_s > m.at_s for f in s.faults)
+        for s in migrations
+        for m in s.faults
+        if m.kind == "migrate"
+    )
+
+
+def test_the_ledger_reads_every_line_a_body_wrote_and_counts_torn_ones(tmp_path: Path):
+    note(str(tmp_path), "start", "k1")
+    note(str(tmp_path), "end", "k1")
+    note(str(tmp_path), "start", "k2")
+    with open(next(tmp_path.glob("ledger-*.jsonl")), "a") as f:
+        f.write('{"ev": "start", "key"')  # a write cut by SIGKILL
+    ledger = read_dir(tmp_path)
+    assert len(ledger.entry("k1").starts) == 1 and len(ledger.entry("k1").ends) == 1
+    assert len(ledger.entry("k2").starts) == 1 and not ledger.entry("k2").ends
+    assert ledger.entry("absent").starts == []
+    assert ledger.malformed == 1
+
+
+def test_the_allowed_table_follows_the_readme():
+    one = Settings(attempts=1, exceptions=0)
+    three = Settings(attempts=3, exceptions=2)
+    ok = Item(0, "work", "ok")
+    assert allowed.expect(ok, one).outcomes == {"completed"}
+    assert allowed.expect(Item(0, "work", "fatal"), three).outcomes == {"dead:not_retryable"}
+    assert allowed.expect(Item(0, "work", "flaky"), one).outcomes == allowed.GIVE_UP
+    assert allowed.expect(Item(0, "work", "flaky"), three).outcomes == {"completed"}
+    assert allowed.expect(Item(0, "inbox"), one).outcomes == {"completed"}
+    assert allowed.max_starts(one, replays=0) == 1
+    assert allowed.max_starts(three, replays=1) == 6
+    assert set(allowed.RULES) >= {"lost", "starts", "dead_never_started", "success_dead"}
+
+
+def _evidence(key: str, item: Item, **fields: object) -> checker.Evidence:
+    from celery_beetle.testing.explorer.ledger import Ledger
+
+    counts = {"messages": 1, "lost": 0, "duplicated": 0, "unexpected": 0}
+    base: dict[str, object] = {
+        "confirmed": {key},
+        "keys": {key: item},
+        "trace": checker.Trace(),
+        "ledger": Ledger(),
+        "audit": Verdict(counts),
+    }
+    base.update(fields)
+    return checker.Evidence(**base)  # type: ignore[arg-type]
+
+
+def _scenario(settings: Settings, item: Item, *faults: Fault) -> Scenario:
+    return Scenario(1, settings, (item,), faults)
+
+
+def test_a_dead_letter_for_attempts_whose_body_never_started_is_a_violation():
+    item = Item(0, "work", "ok")
+    ev = _evidence("k", item)
+    ev.trace.dead["k"].append("attempts_limit")
+    rules = [v.rule for v in checker.judge(_scenario(Settings(), item), ev)]
+    assert rules == ["dead_never_started"]
+
+
+def _two_never_started(kills: int) -> list[str]:
+    items = {k: Item(i, "work", "ok") for i, k in enumerate(("a", "b"))}
+    ev = _evidence("a", items["a"], confirmed={"a", "b"}, keys=items)
+    ev.faults["worker_kill"] = kills
+    for key in items:
+        ev.trace.dead[key].append("attempts_limit")
+    scenario = Scenario(1, Settings(), tuple(items.values()), ())
+    return sorted(v.rule for v in checker.judge(scenario, ev))
+
+
+def test_one_message_one_start_short_per_killed_process_is_the_start_window():
+    # killed between the stored start and the body's first line: an attempt used, no witness
+    assert _two_never_started(kills=2) == []
+    # more than the kills can explain: a claim counted as a start (#24.1)
+    assert _two_never_started(kills=1) == ["dead_never_started", "dead_never_started"]
+    assert _two_never_started(kills=0) == ["dead_never_started", "dead_never_started"]
+
+
+def test_a_dead_letter_after_a_start_killed_mid_body_is_allowed():
+    from celery_beetle.testing.explorer.ledger import Entry, Ledger
+
+    item = Item(0, "work", "ok")
+    ledger = Ledger({"k": Entry(starts=[(10.0, 99)])})
+    ev = _evidence("k", item, ledger=ledger, kills=[(11.0, {99})])
+    ev.trace.dead["k"].append("attempts_limit")
+    assert checker.judge(_scenario(Settings(), item), ev) == []
+
+
+def test_a_body_that_returned_unkilled_and_was_dead_lettered_is_a_violation():
+    from celery_beetle.testing.explorer.ledger import Entry, Ledger
+
+    item = Item(0, "work", "ok")
+    ledger = Ledger({"k": Entry(starts=[(10.0, 99)], ends=[(10.5, 99)])})
+    ev = _evidence("k", item, ledger=ledger, kills=[(9.0, {99})])
+    ev.trace.dead["k"].append("attempts_limit")
+    assert [v.rule for v in checker.judge(_scenario(Settings(), item), ev)] == ["success_dead"]
+
+
+def test_no_outcome_is_lost_and_too_many_starts_break_attempts():
+    from celery_beetle.testing.explorer.ledger import Entry, Ledger
+
+    item = Item(0, "work", "ok")
+    assert [v.rule for v in checker.judge(_scenario(Settings(), item), _evidence("k", item))] == [
+        "lost"
+    ]
+    ledger = Ledger({"k": Entry(starts=[(1.0, 1), (2.0, 2)], ends=[(2.5, 2)])})
+    ev = _evidence("k", item, ledger=ledger)
+    ev.trace.completed["k"] = 1
+    assert [v.rule for v in checker.judge(_scenario(Settings(), item), ev)] == ["starts"]
+
+
+def test_an_inbox_effect_committed_then_dead_lettered_is_a_violation():
+    from celery_beetle.testing.explorer.ledger import Entry, Ledger
+
+    item = Item(0, "inbox")
+    ledger = Ledger({"k": Entry(starts=[(1.0, 7)], committed=[(1.1, 7)])})
+    ev = _evidence("k", item, ledger=ledger, kills=[(1.2, {7})], effects=Counter({"k": 1}))
+    ev.trace.dead["k"].append("attempts_limit")
+    rules = {v.rule for v in checker.judge(_scenario(Settings(), item), ev)}
+    assert rules == {"inbox_committed_dead"}
+
+
+def test_the_shrinker_proposes_fewer_messages_faults_and_workers():
+    scenario = draw(11)
+    scenario = scenario.but(settings=Settings(workers=3, brokers=3))
+    smaller = list(candidates(scenario, keep={5}))
+    assert len(smaller[0].items) < len(scenario.items)
+    assert any(i.index == 5 for i in smaller[0].items)
+    assert any(len(c.faults) < len(scenario.faults) for c in smaller)
+    assert smaller[-1].settings.workers == 2 and smaller[-1].settings.brokers == 2
+    source = regression_test_source(smaller[0], ["lost"])
+    compile(source, "test_seed.py", "exec")
+    assert f"SEED = {scenario.seed}" in source
+
+
+def test_bad_input_must_be_dead_lettered_with_its_reason():
+    item = Item(0, "bad", "undecodable")
+    assert allowed.expect(item, Settings()).outcomes == {"dead:undecodable"}
+    ev = _evidence("k", item, dead_letters={"k": {"undecodable"}})
+    assert checker.judge(_scenario(Settings(), item), ev) == []
+    ev = _evidence("k", item, dead_letters={"k": {"attempts_limit"}})
+    assert [v.rule for v in checker.judge(_scenario(Settings(), item), ev)] == ["outcome"]
+    assert any(i.kind == "bad" for seed in range(50) for i in draw(seed).items)
+
+
+def test_a_surplus_copy_of_a_decided_message_left_in_a_queue_is_explained_and_others_not():
+    item = Item(0, "work", "fatal")
+    ev = _evidence("k", item, leftover={"b1/explore": ["k"]})
+    ev.trace.dead["k"].append("not_retryable")
+    assert checker.judge(_scenario(Settings(), item), ev) == []
+    ev = _evidence("k", item, leftover={"b1/explore": ["k", "stranger"]})
+    ev.trace.dead["k"].append("not_retryable")
+    assert [v.rule for v in checker.judge(_scenario(Settings(), item), ev)] == ["leftover"]
+
+
+def test_a_chains_second_task_runs_once_after_the_first_and_never_after_a_failure():
+    from celery_beetle.testing.explorer.ledger import Entry, Ledger
+
+    item = Item(0, "chain", "ok")
+    second = checker.second_key("k")
+    ledger = Ledger({"k": Entry(starts=[(1.0, 5)], ends=[(1.1, 5)])})
+    ev = _evidence("k", item, ledger=ledger)
+    ev.trace.completed["k"] = 1
+    assert checker.awaited({"k"}, {"k": item}, ev.trace) == {"k", second}
+    assert [v.rule for v in checker.judge(_scenario(Settings(), item), ev)] == ["lost"]
+    ev.trace.completed[second] = 1
+    ev.ledger[second] = Entry(starts=[(2.0, 5)], ends=[(2.1, 5)])
+    assert checker.judge(_scenario(Settings(), item), ev) == []
+
+    fatal = Item(0, "chain", "fatal")
+    ev = _evidence("k", fatal, ledger=Ledger({second: Entry(starts=[(2.0, 5)])}))
+    ev.trace.dead["k"].append("not_retryable")
+    assert [v.rule for v in checker.judge(_scenario(Settings(), fatal), ev)] == ["chain"]
+
+
+def test_a_dead_letter_before_any_start_is_a_violation_even_if_a_replay_ran_it_later():
+    from celery_beetle.testing.explorer.ledger import Entry, Ledger
+
+    item = Item(0, "work", "ok")
+    ledger = Ledger({"k": Entry(starts=[(20.0, 5)], ends=[(20.1, 5)])})
+    ev = _evidence("k", item, ledger=ledger)
+    ev.trace.dead["k"].append("attempts_limit")
+    ev.trace.first_dead_s["k"] = 10.0
+    ev.trace.replays["k"] = 1
+    ev.trace.completed["k"] = 1
+    assert [v.rule for v in checker.judge(_scenario(Settings(), item), ev)] == [
+        "dead_never_started"
+    ]
+    flaky = Item(0, "work", "flaky")
+    assert allowed.expect(flaky, Settings(), replays=1).outcomes == {"completed"}
+
+
+def test_a_body_started_again_after_one_returned_unkilled_is_a_violation():
+    from celery_beetle.testing.explorer.ledger import Entry, Ledger
+
+    item = Item(0, "work", "ok")
+    ledger = Ledger({"k": Entry(starts=[(1.0, 5), (3.0, 5)], ends=[(1.5, 5), (3.5, 5)])})
+    ev = _evidence("k", item, ledger=ledger)
+    ev.trace.completed["k"] = 1
+    rules = [v.rule for v in checker.judge(_scenario(Settings(attempts=2), item), ev)]
+    assert rules == ["ran_again"]
+    ev = _evidence("k", item, ledger=ledger, kills=[(2.0, {5})])
+    ev.trace.completed["k"] = 1
+    assert checker.judge(_scenario(Settings(attempts=2), item), ev) == []
+
+
+def test_a_copy_told_completed_by_the_store_counts_as_completed(tmp_path: Path):
+    import json
+
+    line = {"ts_ms": 1, "event": "duplicate", "message_id": "m", "queue": "q", "task_id": "k",
+            "detail": {"status": "c"}}  # fmt: skip
+    (tmp_path / "w.jsonl").write_text(json.dumps(line) + "\n")
+    trace = checker.read_trace(tmp_path)
+    assert trace.is_completed("k") and not trace.is_completed("other")
+
+
+def test_a_message_without_an_id_may_complete_once_a_replay_ran_its_dead_letter():
+    from celery_beetle.testing.explorer.ledger import Entry, Ledger
+
+    item = Item(0, "bad", "no_message_id")
+
+    def rules(replays: int) -> list[str]:
+        ledger = Ledger({"k": Entry(starts=[(20.0, 5)], ends=[(20.1, 5)])})
+        ev = _evidence("k", item, ledger=ledger)
+        ev.faults["replay"] = replays
+        ev.trace.dead["k"].append("no_message_id")
+        ev.trace.completed["k"] = 1
+        return [v.rule for v in checker.judge(_scenario(Settings(), item), ev)]
+
+    # its dead letter got an id of its own: `dead replay --all` runs it once under that id
+    assert rules(replays=1) == []
+    assert "outcome" in rules(replays=0)
+
+
+def test_a_flaky_body_whose_first_start_was_killed_may_complete_on_its_second():
+    from celery_beetle.testing.explorer.ledger import Entry, Ledger
+
+    item = Item(0, "work", "flaky")
+    settings = Settings(attempts=2, exceptions=0)
+
+    def rules(kills: list[tuple[float, set[int]]]) -> list[str]:
+        ledger = Ledger({"k": Entry(starts=[(10.0, 7), (20.0, 8)], ends=[(20.1, 8)])})
+        ev = _evidence("k", item, ledger=ledger, kills=kills)
+        ev.trace.completed["k"] = 1
+        return [v.rule for v in checker.judge(_scenario(settings, item), ev)]
+
+    assert rules([(11.0, {7})]) == []  # killed before it could fail: the 2nd start succeeds
+    assert "outcome" in rules([])  # nothing killed it: its first start failed, for good
+
+
+def test_a_failing_messages_timeline_merges_trace_ledger_and_logs_in_time_order(tmp_path: Path):
+    (tmp_path / "trace").mkdir()
+    (tmp_path / "ledger").mkdir()
+    (tmp_path / "trace" / "vm-1-gate-20261124T000000Z-000.jsonl").write_text(
+        '{"ts_ms": 1795562316199, "event": "dead_lettered", "task_id": "k-1", "pid": 7,'
+        ' "message_id": "k-1", "detail": {"reason": "attempts_limit"}}\n'
+        '{"ts_ms": 1795562316000, "event": "started", "task_id": "other", "pid": 7}\n'
+    )
+    note(str(tmp_path / "ledger"), "start", "k-1")
+    (tmp_path / "worker0.log").write_text(
+        "[2020-01-01 00:00:00,000: INFO/MainProcess] Task ex.work[k-1] received\n"
+        "a traceback line about k-1 without a time\n"
+    )
+
+    rows = timeline(tmp_path, "k-1")
+
+    assert [row.split()[1] for row in rows] == ["worker0", "trace", "ledger"]
+    assert "dead_lettered" in rows[1] and "attempts_limit" in rows[1]
+    assert all("other" not in row for row in rows)

@@ -1,0 +1,60 @@
+"""BeetleTask keeps Celery's task semantics: an expired task gets a state a waiting caller
+reads, and ``self.replace`` runs its replacement (issue #26).
+
+Every task of the app is a BeetleTask by default (``task_cls``), options at their defaults,
+on two real brokers with a Redis result backend: what a team gets by changing the base class.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from celery.exceptions import TaskRevokedError
+
+from tests.harness.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+RESULT_TIMEOUT_S = 30
+
+
+def _queued(brokers) -> int:
+    """Messages of the queue over every broker, ready or unacked."""
+    depths = [n.queue_depths(brokers.vhost).get("celery", (0, 0)) for n in brokers.nodes]
+    return sum(ready + unacked for ready, unacked in depths)
+
+
+def test_a_task_that_replaces_itself_returns_its_replacements_result_each_body_once(
+    beetle_semantics,
+):
+    app = beetle_semantics.app
+    result = app.tasks["sem.replaced_by_add"].delay(2, 3)
+    assert result.get(timeout=RESULT_TIMEOUT_S) == 5
+    time.sleep(1)  # a second run of either body would show by now
+    assert beetle_semantics.runs() == Counter({"replaced_by_add": 1, "add": 1})
+
+
+def test_a_replacement_that_replaces_itself_again_completes(beetle_semantics):
+    app = beetle_semantics.app
+    result = app.tasks["sem.replaced_twice"].delay(4, 5)
+    assert result.get(timeout=RESULT_TIMEOUT_S) == 9
+    time.sleep(1)
+    assert beetle_semantics.runs() == Counter({"replaced_twice": 1, "replaced_by_add": 1, "add": 1})
+
+
+def test_an_expired_task_is_revoked_once_for_its_waiting_caller_and_never_runs(
+    beetle_semantics, brokers
+):
+    app = beetle_semantics.app
+    past = datetime.now(timezone.utc) - timedelta(seconds=5)
+    result = app.tasks["sem.add"].apply_async((1, 2), expires=past)
+    with pytest.raises(TaskRevokedError):
+        result.get(timeout=RESULT_TIMEOUT_S)
+    assert result.state == "REVOKED"
+    # decided once: the twin copy is dropped, not revoked (and stored) a second time
+    assert wait_until(lambda: _queued(brokers) == 0, timeout=20)
+    assert beetle_semantics.worker_log().count("Discarding revoked task") == 1
+    assert beetle_semantics.runs() == Counter()

@@ -41,9 +41,12 @@ def install(app: Any) -> Any:
     Adds the gate bootstep to the worker's consumer (it reads and validates ``app.conf``'s
     ``beetle_*`` settings when the worker starts, so a mistake stops the worker before its
     first message) and the queue-policy step (:mod:`celery_beetle.ops.worker`, idle unless
-    ``beetle_queue_policies`` is set), registers the ``beetle://`` transport, flushes trace
-    events when a pool process exits, and makes Celery's reports (``celery report``,
-    ``celery inspect conf``) censor ``beetle_redis_url`` like its own password settings.
+    ``beetle_queue_policies`` is set) and the hand-back a queue migration asks for
+    (:mod:`celery_beetle.ops.handback_control`), registers the ``beetle://`` transport,
+    flushes trace events when a pool process exits, and makes Celery's reports (``celery report``,
+    ``celery inspect conf``) censor the settings that can hold a credential
+    (``beetle_redis_url``, ``beetle_outbox_db``, ``beetle_management``: :mod:`celery_beetle.censor`)
+    like its own password settings.
     With ``beetle_trace_dir`` set (before this call) and a ``beetle://`` broker, publishers
     trace too (the transport's ``trace_dir`` option), so the audit sees both ends;
     ``beetle_dedup_scopes`` goes to the transport's ``dedup_scopes`` likewise, so that both
@@ -53,16 +56,18 @@ def install(app: Any) -> Any:
 
     import kombu_beetle  # noqa: F401  (registers beetle://)
     from celery_beetle.bootstep import BeetleGateStep
-    from celery_beetle.censor import hide_store_url
+    from celery_beetle.censor import hide_secret_settings
+    from celery_beetle.ops.handback_control import BeetleHandBackStep
     from celery_beetle.ops.worker import BeetlePolicyStep
     from celery_beetle.quorum import leave_out_native_delayed_delivery
 
-    hide_store_url()
+    hide_secret_settings()
     leave_out_native_delayed_delivery()
     if getattr(app, "_beetle_installed", False):
         return app
     app.steps["consumer"].add(BeetleGateStep)
     app.steps["consumer"].add(BeetlePolicyStep)
+    app.steps["consumer"].add(BeetleHandBackStep)
     _configure_transport(app)
     worker_process_shutdown.connect(_flush_traces, weak=False)
     app._beetle_installed = True

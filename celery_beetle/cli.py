@@ -48,14 +48,18 @@ class _Display:
         self.current = "starting Spark"
 
     def step(self, msg: str) -> None:
-        self.console.log(msg)
+        from rich.text import Text
+
+        self.console.log(Text(msg))  # a step may name a path: not markup
         self.current = msg
-        self.status.update(msg)
+        self.status.update(Text(msg))
 
     def tasks(self, progress: Any) -> None:
+        from rich.text import Text
+
         from celery_beetle.audit.progress import format_progress
 
-        self.status.update(format_progress(self.current, progress))
+        self.status.update(Text(format_progress(self.current, progress)))
 
 
 @contextmanager
@@ -231,6 +235,7 @@ def status(
     redis_url = _url_from(redis_url, redis_url_file, "dedup store", required=False)
     assert broker_url is not None
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from celery_beetle import status as report
@@ -252,18 +257,20 @@ def status(
         brokers = report.brokers(broker_url, queues)
     except (InvalidBrokerURL, InvalidTransportOption) as exc:
         raise click.BadParameter(str(exc), param_hint="BROKER_URL")
+    # names, versions and errors come from outside: escaped, so that rich shows their
+    # brackets rather than reading them as markup ("[/db]" in a bad URL's error)
     table = Table(title="brokers")
     for column in ("broker", "state", "RabbitMQ", *(f"{q} ready/consumers" for q in queues)):
-        table.add_column(column)
+        table.add_column(escape(column))
     for b in brokers:
-        state = "[green]up[/]" if b.up else f"[red]down[/] {b.error or ''}"
+        state = "[green]up[/]" if b.up else f"[red]down[/] {escape(b.error or '')}"
         if b.consume_only:
             state += " (consume only)"
         cells = [
             "-" if depth is None else f"{depth[0]}/{depth[1]}"
             for depth in (b.queues.get(q) for q in queues)
         ]
-        table.add_row(b.name, state, b.version or "", *cells)
+        table.add_row(escape(b.name), state, escape(b.version or ""), *cells)
     console = Console()
     console.print(table)
     healthy = all(b.up for b in brokers)
@@ -271,17 +278,19 @@ def status(
         store = report.store(redis_url)
         if store.up:
             console.print(
-                f"dedup store {store.url}: [green]up[/], {store.latency_ms} ms, "
-                f"{store.keys} keys, {store.used_memory}"
+                f"dedup store {escape(store.url)}: [green]up[/], {store.latency_ms} ms, "
+                f"{store.keys} keys, {escape(str(store.used_memory))}"
             )
         else:
-            console.print(f"dedup store {store.url}: [red]down[/] {store.error}")
+            console.print(
+                f"dedup store {escape(store.url)}: [red]down[/] {escape(str(store.error))}"
+            )
         healthy = healthy and store.up
     sys.exit(0 if healthy else 1)
 
 
 def _print_verdict(summary: dict[str, object], files: dict[str, str], rich_output: bool) -> None:
-    from celery_beetle.audit.schema import BAD_VERDICTS, SUMMARY_COUNTS
+    from celery_beetle.audit.verdicts import BAD_VERDICTS, SUMMARY_COUNTS
 
     counts = {k: summary[k] for k in SUMMARY_COUNTS}
     if not rich_output:
@@ -298,7 +307,7 @@ def _print_verdict(summary: dict[str, object], files: dict[str, str], rich_outpu
         table.add_row(f"[red]{k}[/]" if bad else k, f"{v:,}" if isinstance(v, int) else str(v))
     console = Console()
     console.print(table)
-    console.print(f"summary: {files['summary']}\nreport:  {files['report']}")
+    console.print(f"summary: {files['summary']}\nreport:  {files['report']}", markup=False)
 
 
 def _register_operations() -> None:

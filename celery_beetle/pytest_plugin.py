@@ -6,7 +6,9 @@ loads it by itself). Tell it where your app is, in the ini file::
     [pytest]
     beetle_app = myproject.celery:app
 
-and a test gets N RabbitMQ nodes behind one ``beetle://`` URL, a dedup Redis and a worker of
+(a ``myproject`` beside the ini file is importable without ``pythonpath = .``: the plugin
+puts that directory on ``sys.path`` when the package is not importable otherwise), and a
+test gets N RabbitMQ nodes behind one ``beetle://`` URL, a dedup Redis and a worker of
 your app with ``celery_beetle.install`` applied, all started for it and torn down after::
 
     def test_charge_runs_once_when_a_broker_dies(beetle_setup):
@@ -50,6 +52,7 @@ store, and a node a test killed or froze is brought back before the next.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -87,11 +90,41 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+_ADDED_PATH = pytest.StashKey[str]()
+
+
+def _put_app_root_on_path(config: pytest.Config) -> None:
+    """The ini file's directory first on ``sys.path`` when the ``beetle_app`` package sits
+    there and is not importable otherwise (what ``pythonpath = .`` does), so that the app
+    and the tests importing it load as the README shows. Once; undone at the end."""
+    if _ADDED_PATH in config.stash:
+        return
+    root = config.inipath.parent if config.inipath else config.rootpath
+    found = apps.missing_app_root(str(config.getini("beetle_app") or ""), root)
+    if found is not None:
+        sys.path.insert(0, str(found))
+        config.stash[_ADDED_PATH] = str(found)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """Before the first conftest: one may import the app too."""
+    _put_app_root_on_path(early_config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    added = config.stash.get(_ADDED_PATH, None)
+    if added is not None and added in sys.path:
+        sys.path.remove(added)
+
+
 @pytest.hookimpl(trylast=True)  # after the terminal reporter is registered
 def pytest_configure(config: pytest.Config) -> None:
     """Choose where servers run before any test, so a forced but missing engine stops the run
     (``BEETLE_TEST_SERVERS``; not BEETLE_TEST_BACKEND, the project's test apps' result
-    backend)."""
+    backend). The app's directory goes on ``sys.path`` here too, if a conftest loaded this
+    plugin too late for :func:`pytest_load_initial_conftests`."""
+    _put_app_root_on_path(config)
     backend, reason = servers.choose_backend()
     message = f"beetle test backend: {backend} ({reason})"
     logging.getLogger("celery_beetle.testing").info(message)

@@ -94,28 +94,31 @@ def rates(now: Snapshot, before: Snapshot | None, name: str, label: str) -> dict
 def view(now: Snapshot, before: Snapshot | None, queues: Iterable[str]) -> Any:
     """The rich renderable of one refresh."""
     from rich.console import Group
+    from rich.markup import escape
     from rich.table import Table
     from rich.text import Text
 
     queues = list(queues)
     parts: list[Any] = []
     brokers = Table(title="brokers", title_justify="left")
+    # names, errors and metric labels come from outside: escaped, so that rich shows
+    # their brackets rather than reading them as markup
     for column in ("broker", "state", *(f"{q} ready/consumers" for q in queues)):
-        brokers.add_column(column)
+        brokers.add_column(escape(column))
     for b in now.brokers:
-        state = "[green]up[/]" if b.up else f"[red]down[/] {b.error or ''}"
+        state = "[green]up[/]" if b.up else f"[red]down[/] {escape(b.error or '')}"
         cells = [
             "-" if depth is None else f"{depth[0]}/{depth[1]}"
             for depth in (b.queues.get(q) for q in queues)
         ]
-        brokers.add_row(b.name, state, *cells)
+        brokers.add_row(escape(b.name), state, *cells)
     parts.append(brokers)
     if now.store is not None:
         s = now.store
         line = (
-            f"dedup store {s.url}: [green]up[/], {s.latency_ms} ms, {s.keys} keys"
+            f"dedup store {escape(s.url)}: [green]up[/], {s.latency_ms} ms, {s.keys} keys"
             if s.up
-            else f"dedup store {s.url}: [red]down[/] {s.error}"
+            else f"dedup store {escape(s.url)}: [red]down[/] {escape(str(s.error))}"
         )
         parts.append(Text.from_markup(line))
     if now.samples:
@@ -125,7 +128,7 @@ def view(now: Snapshot, before: Snapshot | None, queues: Iterable[str]) -> Any:
             v for v in sorted(verdicts) if now.totals("beetle_gate_deliveries_total", "verdict")[v]
         ]
         for verdict in shown:
-            gate.add_column(verdict, justify="right")
+            gate.add_column(escape(verdict), justify="right")
         gate.add_row(*(f"{verdicts[v]:.1f}" for v in shown))
         parts.append(gate)
         tasks = Table(title="tasks (per s)", title_justify="left")
@@ -142,7 +145,7 @@ def view(now: Snapshot, before: Snapshot | None, queues: Iterable[str]) -> Any:
         dead_table.add_column("dead letters", justify="right")
         for queue, n in sorted(dead.items()):
             style = "red" if n else ""
-            dead_table.add_row(queue, f"[{style}]{n:.0f}[/]" if style else f"{n:.0f}")
+            dead_table.add_row(escape(queue), f"[{style}]{n:.0f}[/]" if style else f"{n:.0f}")
         parts.append(dead_table)
     for problem in now.unreachable:
         parts.append(Text(f"metrics unreachable: {problem}", style="yellow"))

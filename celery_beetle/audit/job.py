@@ -29,6 +29,7 @@ tables, when asked for, are written once from it after the verdict is known.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -43,7 +44,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from celery_beetle.audit import class_cache, report, transforms
+from celery_beetle.audit import class_cache, quiet, report, transforms
 from celery_beetle.audit.schema import BAD_VERDICTS, SUMMARY_COUNTS
 
 __all__ = ["AuditResult", "build_session", "local_input_bytes", "main", "run_audit"]
@@ -182,7 +183,7 @@ def build_session(
     if local:
         # The throughput collector beats G1 for a short batch job on few cores; at least four
         # input splits per core keep both cores busy to the end on small traces too.
-        java_options = "-XX:+UseParallelGC"
+        java_options = f"-XX:+UseParallelGC {quiet.java_options()}"
         if input_bytes is not None and input_bytes < SMALL_INPUT_BYTES:
             java_options += " -XX:TieredStopAtLevel=1"
         if SparkContext._gateway is None:  # this call starts the JVM: Spark's classes mapped
@@ -192,7 +193,11 @@ def build_session(
             .config("spark.driver.extraJavaOptions", java_options)
             .config("spark.sql.files.minPartitionNum", str(4 * cores))
         )
-    spark = builder.getOrCreate()
+    starting = local and SparkContext._gateway is None
+    if starting:
+        quiet.local_environment()
+    with quiet.filtered_stderr() if starting else contextlib.nullcontext():
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 

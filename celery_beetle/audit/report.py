@@ -122,7 +122,8 @@ def _timeline(timeline: dict[str, Any]) -> str:
     for ax, event in zip(axes, events, strict=True):
         for (kind, broker), points in sorted(series.items()):
             if kind == event:
-                ax.plot([x * width for x in xs], [points.get(x, 0.0) for x in xs], label=broker)
+                ys = [points.get(x, 0.0) for x in xs]
+                ax.plot([x * width for x in xs], ys, label=series_label(broker))
         ax.set_ylabel(f"{event}/s")
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
@@ -130,6 +131,18 @@ def _timeline(timeline: dict[str, Any]) -> str:
     axes[-1].set_xlabel("seconds from the first publish")
     axes[0].set_title("messages per second over the run, per broker")
     return _png(fig)
+
+
+#: the timeline's broker for events that name none (a run's ``started`` and ``completed``
+#: come from a worker, whichever broker's copy it ran)
+NO_BROKER = "?"
+
+
+def series_label(broker: str) -> str:
+    """The legend of one timeline series: the broker, or what a series without one is."""
+    if broker in (NO_BROKER, "", "None"):
+        return "all brokers (the event names none)"
+    return broker
 
 
 def _img(src: str, alt: str) -> str:

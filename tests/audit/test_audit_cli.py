@@ -90,3 +90,17 @@ def test_help_is_fast_because_pyspark_is_imported_only_by_audit():
     assert out.stdout.strip() == "False"
     help_text = CliRunner().invoke(main, ["--help"]).output
     assert "audit" in help_text
+
+
+def test_a_local_audit_prints_its_answer_without_sparks_start_up_noise(tmp_path):
+    """A new JVM (a subprocess, as a user runs it): nothing on stderr that reads as an error."""
+    generate(Plan(messages=50, procs=1, files_per_proc=1), tmp_path / "trace")
+    out = subprocess.run(
+        [sys.executable, "-m", "celery_beetle.cli", "audit", str(tmp_path / "trace"),
+         "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1])["messages"] == 50
+    for noise in ("WARN", "incubator", "log4j", "SPARK_LOCAL_IP"):
+        assert noise not in out.stderr, out.stderr

@@ -7,6 +7,7 @@ the tasks' own return values: a task that ran twice returns twice as happily as 
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -73,6 +74,14 @@ def assert_exactly_once(trace_dir: str | os.PathLike[str], expected: int | None 
     for name in ("lost", "duplicated", "unexpected"):
         if counts[name]:
             problems.append(f"{counts[name]} {name}: {', '.join(verdict.ids[name])}")
+    interrupted = _started(trace_dir, verdict.ids["lost"]) if counts["lost"] else 0
+    if interrupted:
+        problems.append(
+            f"{interrupted} of the lost began a body and have no outcome yet: a run a kill "
+            "interrupted runs again only once its lease (the task's `timeout`, 300 s by "
+            "default) runs out; give the tasks under test a short `timeout`, or wait longer "
+            "(assert_exactly_once(timeout=...))"
+        )
     others = {k: counts[k] for k in ("dead_lettered", "expired", "failed") if counts[k]}
     if others:
         problems.append(f"not run to completion: {others}")
@@ -83,3 +92,20 @@ def assert_exactly_once(trace_dir: str | os.PathLike[str], expected: int | None 
             "not exactly once: " + "; ".join(problems) + f"\n(verdict: {verdict})", verdict
         )
     return verdict
+
+
+def _started(trace_dir: str | os.PathLike[str], ids: list[str]) -> int:
+    """How many of ``ids`` (``queue/message_id``) have a ``started`` event in the trace."""
+    wanted = {i.rpartition("/")[2] for i in ids}
+    began: set[str] = set()
+    for path in naive.expand([Path(trace_dir)]):
+        for line in Path(path).read_text(errors="replace").splitlines():
+            if '"started"' not in line:
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("event") == "started" and event.get("message_id") in wanted:
+                began.add(event["message_id"])
+    return len(began)

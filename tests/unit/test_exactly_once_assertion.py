@@ -63,3 +63,16 @@ def test_waiting_for_outcomes_gives_up_after_its_timeout_with_the_last_verdict(t
     _trace(tmp_path, lambda t: t.published("gone", 1))
     assert judge_trace(tmp_path).counts["lost"] == 1
     assert wait_for_outcomes(tmp_path, timeout=0.3, interval=0.1).counts["lost"] == 1
+
+
+def test_a_lost_message_whose_body_began_names_the_lease_it_waits_for(tmp_path):
+    _trace(tmp_path, lambda t: t.published("a", 1).ev("started", "a", 2))
+    with pytest.raises(ExactlyOnceError, match=r"1 of the lost began a body .* its lease"):
+        assert_exactly_once(tmp_path)
+
+
+def test_a_lost_message_that_never_began_has_no_lease_hint(tmp_path):
+    _trace(tmp_path, lambda t: t.published("a", 1))
+    with pytest.raises(ExactlyOnceError) as info:
+        assert_exactly_once(tmp_path)
+    assert "lease" not in str(info.value)

@@ -48,3 +48,28 @@ def test_every_directory_of_shipped_files_is_a_package_of_the_build():
     assert {"celery_beetle.scripts", "celery_beetle.outbox.migrations.versions"} <= shipped
     assert shipped - packages == set()
     assert not [name for name in packages if "__pycache__" in name]
+
+
+def test_building_the_wheel_writes_nothing_into_the_checkout(tmp_path):
+    """``pip install .`` builds in a temporary directory: no ``build/``, no ``*.egg-info``."""
+    import shutil
+    import subprocess
+    import sys
+
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    tree = tmp_path / "checkout"
+    for name in files:
+        if (ROOT / name).is_file():
+            (tree / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, tree / name)
+    before = set(tree.iterdir())
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+         "-w", str(tmp_path / "wheels"), str(tree)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    assert list((tmp_path / "wheels").glob("kombu_beetle-*.whl"))
+    assert set(tree.iterdir()) - before == set()

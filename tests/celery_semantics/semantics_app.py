@@ -11,6 +11,7 @@ counts runs as well as results.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from celery import Celery
@@ -79,6 +80,20 @@ def make_app(
     def quiet(x: int) -> int:
         ran("quiet", x)
         return x
+
+    # chord headers for the chaos test: a body long enough for a kill to land in it, and a
+    # lease short enough that a body the kill interrupted is decided within the test
+    @app.task(name="sem.slow", shared=False, timeout=8)
+    def slow(x: int, y: int) -> int:
+        ran("slow", x, y)
+        time.sleep(0.4)
+        return x + y
+
+    @app.task(name="sem.slow_thrice", shared=False, timeout=8, attempts=3)
+    def slow_thrice(x: int, y: int) -> int:
+        ran("slow_thrice", x, y)
+        time.sleep(0.4)
+        return x + y
 
     return app
 

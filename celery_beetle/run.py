@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from billiard.process import current_process
 from celery.exceptions import Ignore, Reject, Retry
-from celery.signals import task_failure, task_internal_error
+from celery.signals import task_failure, task_internal_error, task_postrun
 
 from celery_beetle import metrics
 from celery_beetle.deadletter import dead_letter_headers, publish_dead_letter
@@ -72,7 +72,7 @@ from celery_beetle.retry_queue import RawMessage, publish_delayed, raw_message_f
 from celery_beetle.settings import BeetleSettings
 from celery_beetle.state import MAX_OWNER_LENGTH, MessageFacts, Status
 from celery_beetle.store import RedisStore, wall_clock_ms
-from kombu_beetle.trace import get_tracer
+from kombu_beetle.trace import flush_role, get_tracer
 
 if TYPE_CHECKING:
     from celery_beetle.task import BeetleTask
@@ -199,6 +199,16 @@ def _completed_after_all(sender: Any = None, task_id: Any = None, **kwargs: Any)
 
 task_failure.connect(_completed_after_all, weak=False)
 task_internal_error.connect(_completed_after_all, weak=False)
+
+
+def _publishes_written(**_: Any) -> None:
+    """As a task ends, before its delivery is acked: the ``published`` events of what it
+    sent (a chain's next link) are written, so a worker killed after the ack leaves the
+    audit the publish of a message that then runs (:func:`kombu_beetle.trace.flush_role`)."""
+    flush_role("publisher")
+
+
+task_postrun.connect(_publishes_written, weak=False)
 
 #: The run whose body is on this thread now (the threads pool runs several at once).
 _running = threading.local()

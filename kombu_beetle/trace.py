@@ -64,8 +64,10 @@ one ``write`` to the page cache: a worker killed with ``kill -9`` right after co
 not leave a trace that reads "lost" (with ``defer_sync``, at the caller's next
 :meth:`~TraceWriter.flush_owed`: the gate's, after each batch of Redis replies). Other
 events of a killed process may be missing for up to ``flush_interval_s``; the audit
-classifies by outcome events, so that costs latency samples, not verdicts. Pool processes
-that exit through ``os._exit`` skip ``atexit``: the worker side should call
+classifies by outcome events, so that costs latency samples, not verdicts, with one
+exception: a ``published`` event of a worker that sends a message (a chain's next link)
+is written as the sending task ends (:func:`flush_role`), before its delivery is acked.
+Pool processes that exit through ``os._exit`` skip ``atexit``: the worker side should call
 :func:`flush_all` on ``worker_process_shutdown``. Files roll by size and age. Disk errors are
 counted in :attr:`TraceWriter.errors` and logged once, never raised. Each process writes its
 own file, ``<host>-<pid>-<role>-<start>-<seq>.jsonl``, so forked pool children
@@ -99,6 +101,7 @@ __all__ = [
     "TraceWriter",
     "Tracer",
     "flush_all",
+    "flush_role",
     "get_tracer",
 ]
 
@@ -485,6 +488,21 @@ def flush_all() -> None:
             writer.flush()
         except Exception:
             pass
+
+
+def flush_role(role: str) -> None:
+    """Write out the buffers of this process's writers of ``role`` that hold events.
+
+    A worker that publishes (a chain's next link, a task sent from a task) calls it for
+    ``publisher`` as each task ends (``task_postrun``, before the delivery is acked): a
+    ``published`` event lost with a killed worker would make the audit read the message it
+    sent, which then runs, as "unexpected". Free when nothing was published."""
+    for writer in list(_writers):
+        if writer.role == role and writer._buf_size:
+            try:
+                writer.flush()
+            except Exception:
+                pass
 
 
 def _flush_all_at_exit() -> None:

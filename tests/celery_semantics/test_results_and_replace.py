@@ -58,3 +58,21 @@ def test_an_expired_task_is_revoked_once_for_its_waiting_caller_and_never_runs(
     assert wait_until(lambda: _queued(brokers) == 0, timeout=20)
     assert beetle_semantics.worker_log().count("Discarding revoked task") == 1
     assert beetle_semantics.runs() == Counter()
+
+
+def test_a_dead_lettered_task_ends_its_callers_wait_with_failure_and_the_reason_once(
+    beetle_semantics, brokers
+):
+    """At the defaults a body that raises is dead-lettered at once (``attempts=1``): the
+    caller's ``get()`` raises the body's exception, the state is FAILURE, the message waits
+    in ``celery.dead``, and the twin copy neither runs nor stores a second outcome."""
+    app = beetle_semantics.app
+    result = app.tasks["sem.fail"].delay(7)
+    with pytest.raises(ValueError, match="fail 7"):
+        result.get(timeout=RESULT_TIMEOUT_S)
+    assert result.state == "FAILURE"
+    assert wait_until(lambda: _queued(brokers) == 0, timeout=20)
+    assert beetle_semantics.runs() == Counter({"fail": 1})
+    dead = [n.queue_depths(brokers.vhost).get("celery.dead", (0, 0)) for n in brokers.nodes]
+    assert sum(ready for ready, _ in dead) >= 1, dead
+    assert beetle_semantics.worker_log().count("raised unexpected: ValueError('fail 7')") == 1

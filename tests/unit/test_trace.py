@@ -309,3 +309,23 @@ def test_a_symlink_planted_at_the_trace_file_name_is_not_followed(tmp_path):
     w.close()
     assert victim.read_text() == "precious\n"
     assert w.errors >= 1
+
+
+def test_a_task_that_published_has_its_published_events_written_as_it_ends(tmp_path):
+    """``task_postrun`` in a worker (celery_beetle.run): before the sending task's delivery
+    is acked, so a killed worker cannot leave a message that runs with no ``published``."""
+    from celery.signals import task_postrun
+
+    import celery_beetle.run  # noqa: F401  (connects the handler)
+
+    publisher = _writer(tmp_path / "p", role="publisher")
+    worker = _writer(tmp_path / "w", role="worker")
+    publisher.emit("published", "next-link", "orders", broker="a:5672")
+    worker.emit("started", "m1", "orders")
+
+    task_postrun.send(sender=None, task_id="m1", task=None)
+
+    assert [r["message_id"] for r in _lines(tmp_path / "p")] == ["next-link"]
+    assert _lines(tmp_path / "w") == []  # other roles keep their batching
+    publisher.close()
+    worker.close()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from celery_beetle.audit.naive import Verdict
 from celery_beetle.testing.explorer import allowed, checker
+from celery_beetle.testing.explorer.allowed import GIVE_UP
 from celery_beetle.testing.explorer.ledger import note, read_dir
 from celery_beetle.testing.explorer.scenario import Fault, Item, Scenario, Settings, draw
 from celery_beetle.testing.explorer.shrink import candidates, regression_test_source
@@ -136,6 +137,21 @@ def test_a_body_that_returned_unkilled_and_was_dead_lettered_is_a_violation():
     assert [v.rule for v in checker.judge(_scenario(Settings(), item), ev)] == ["success_dead"]
 
 
+def test_a_completion_that_waited_for_redis_past_its_lease_may_lose_its_message():
+    """Seed 5012: the body returned while Redis was down, the outage outlasted the lease, the
+    twin dead-lettered it. The docs' rule (keep the lease longer than an outage) allows it;
+    an outage that ended within the lease does not."""
+    from celery_beetle.testing.explorer.ledger import Entry, Ledger
+
+    item = Item(0, "work", "ok")
+    settings = Settings(timeout_s=4.0)
+    ledger = Ledger({"k": Entry(starts=[(10.0, 99)], ends=[(12.0, 99)])})
+    for outage, rules in (((11.0, 16.0), []), ((11.0, 13.0), ["success_dead"])):
+        ev = _evidence("k", item, ledger=ledger, redis_outages=[outage])
+        ev.trace.dead["k"].append("attempts_limit")
+        assert [v.rule for v in checker.judge(_scenario(settings, item), ev)] == rules, outage
+
+
 def test_no_outcome_is_lost_and_too_many_starts_break_attempts():
     from celery_beetle.testing.explorer.ledger import Entry, Ledger
 
@@ -227,7 +243,21 @@ def test_a_dead_letter_before_any_start_is_a_violation_even_if_a_replay_ran_it_l
         "dead_never_started"
     ]
     flaky = Item(0, "work", "flaky")
-    assert allowed.expect(flaky, Settings(), replays=1).outcomes == {"completed"}
+    assert allowed.expect(flaky, Settings(), replays=1).outcomes == {"completed"} | GIVE_UP
+
+
+def test_a_flaky_body_dead_lettered_then_replayed_and_completed_is_correct():
+    """Seed 5011: ``exceptions=0`` dead-letters its one failure; a replay runs it again."""
+    from celery_beetle.testing.explorer.ledger import Entry, Ledger
+
+    item = Item(0, "work", "flaky")
+    ledger = Ledger({"k": Entry(starts=[(1.0, 5), (11.0, 5)], ends=[(11.4, 5)], fails=1)})
+    ev = _evidence("k", item, ledger=ledger)
+    ev.trace.dead["k"].append("exceptions_limit")
+    ev.trace.first_dead_s["k"] = 1.4
+    ev.trace.replays["k"] = 1
+    ev.trace.completed["k"] = 1
+    assert checker.judge(_scenario(Settings(attempts=2, exceptions=0), item), ev) == []
 
 
 def test_a_body_started_again_after_one_returned_unkilled_is_a_violation():

@@ -118,6 +118,8 @@ class Evidence:
     #: queue -> keys of the messages still there after the workers stopped
     leftover: dict[str, list[str]] = field(default_factory=dict)
     unresolved: set[str] = field(default_factory=set)  # keys without an outcome at the end
+    #: (from, to) times Redis could not store anything (killed, refusing writes, cut off)
+    redis_outages: list[tuple[float, float]] = field(default_factory=list)
 
 
 def second_key(key: str) -> str:
@@ -134,6 +136,26 @@ def awaited(beetle: set[str], keys: dict[str, Item], trace: Trace) -> set[str]:
 
 def _killed_after(entry_ts: float, pid: int, kills: list[tuple[float, set[int]]]) -> bool:
     return any(ts >= entry_ts and pid in pids for ts, pids in kills)
+
+
+def _waited_out_its_lease(
+    end_ts: float, pid: int, entry: Entry, lease_s: float, outages: list[tuple[float, float]]
+) -> bool:
+    """A body that returned while Redis could not store its completion, in an outage that
+    outlasted its lease: the completion may lose its message to another run, as the docs
+    say ("keep the lease longer than a failover"; the explorer's seed 5012)."""
+    began = max((ts for ts, p in entry.starts if p == pid and ts <= end_ts), default=end_ts)
+    return any(s - 1.0 <= end_ts <= e and e > began + lease_s for s, e in outages)
+
+
+def _returned(entry: Entry, ev: Evidence, lease_s: float) -> list[tuple[float, int]]:
+    """The bodies that returned and whose completion nothing excused from being stored."""
+    return [
+        (ts, pid)
+        for ts, pid in entry.ends
+        if not _killed_after(ts, pid, ev.kills)
+        and not _waited_out_its_lease(ts, pid, entry, lease_s, ev.redis_outages)
+    ]
 
 
 def _outcomes(key: str, ev: Evidence) -> set[str]:
@@ -165,7 +187,7 @@ def _judge_beetle(scenario: Scenario, key: str, item: Item, ev: Evidence) -> lis
         return found
     if starts > allowed.max_starts(settings, replays):
         breach("starts", f"{starts} body starts with attempts={settings.attempts}")
-    returned = [(ts, pid) for ts, pid in entry.ends if not _killed_after(ts, pid, ev.kills)]
+    returned = _returned(entry, ev, settings.timeout_s)
     if returned and not replays and any(ts > returned[0][0] for ts, _ in entry.starts):
         breach("ran_again", f"started again after a body returned at {returned[0][0]:.2f}")
     if "completed" in outcomes and len(outcomes) > 1 and not replays:
@@ -192,9 +214,7 @@ def _judge_beetle(scenario: Scenario, key: str, item: Item, ev: Evidence) -> lis
                 f"started {len(began)} time(s) before it ({starts} in all, {replays} replay(s))",
             )
         returned = [
-            (ts, pid)
-            for ts, pid in entry.ends
-            if ts <= dead_at and not _killed_after(ts, pid, ev.kills)
+            (ts, pid) for ts, pid in _returned(entry, ev, settings.timeout_s) if ts <= dead_at
         ]
         if returned:
             breach(

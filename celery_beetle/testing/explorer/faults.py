@@ -40,6 +40,9 @@ class Nemesis(threading.Thread):
         super().__init__(daemon=True, name="explorer-nemesis")
         self.run_ = run
         self.kills: list[tuple[float, set[int]]] = []
+        #: (from, to) wall-clock times Redis could not take a completion (killed, refusing
+        #: writes, cut off, replies held)
+        self.redis_outages: list[tuple[float, float]] = []
         self.counts: Counter[str] = Counter()
         self.log: list[str] = []
         self.errors: list[str] = []
@@ -108,13 +111,17 @@ class Nemesis(threading.Thread):
         node.resume()
 
     def _redis_kill(self, target: int, duration_s: float) -> None:
+        began = time.time()
         self.run_.cluster.redis.kill()
         self.stopping.wait(duration_s)
         self.run_.cluster.redis.start()
+        self.redis_outages.append((began, time.time()))
 
     def _redis_refuse(self, target: int, duration_s: float) -> None:
+        began = time.time()
         with refusing_writes(self.run_.cluster.redis):
             self.stopping.wait(duration_s)
+        self.redis_outages.append((began, time.time()))
 
     def _script_flush(self, target: int, duration_s: float) -> None:
         with self.run_.cluster.redis.client() as client:
@@ -150,17 +157,21 @@ class Nemesis(threading.Thread):
     def _redis_partition(self, target: int, duration_s: float) -> None:
         proxy = self.run_.cluster.redis_proxy
         assert proxy is not None
+        began = time.time()
         proxy.cut()
         self.stopping.wait(duration_s)
         proxy.restore()
+        self.redis_outages.append((began, time.time()))
 
     def _redis_held_replies(self, target: int, duration_s: float) -> None:
         """Redis applies the scripts; the replies are held (a claim whose reply was lost)."""
         proxy = self.run_.cluster.redis_proxy
         assert proxy is not None
+        began = time.time()
         proxy.hold_replies()
         self.stopping.wait(duration_s)
         proxy.restore()
+        self.redis_outages.append((began, time.time()))
 
     # -- operators' commands -----------------------------------------------------------------
 

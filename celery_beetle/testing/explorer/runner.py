@@ -461,6 +461,7 @@ def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
             audit=naive.judge(naive.expand([run.trace])),
             dead_letters=dead,
             kills=nemesis.kills,
+            redis_outages=nemesis.redis_outages,
             faults=nemesis.counts,
             effects=_effects(run.db_url),
             leftover=left,

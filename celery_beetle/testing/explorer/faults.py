@@ -70,8 +70,10 @@ class Nemesis(threading.Thread):
         if worker is None or not worker.alive():
             return
         pids = {worker.pid or 0, *_children(worker.pid or 0)}
-        self.kills.append((time.time(), pids))
         worker.kill()
+        # noted once every one is dead: a pool process runs on (and may begin a body) until
+        # its own SIGKILL lands, after its parent's (the explorer's seed 5028)
+        self.kills.append((time.time(), pids))
         self.stopping.wait(duration_s)
         fleet.start(slot)
 
@@ -92,9 +94,9 @@ class Nemesis(threading.Thread):
         children = _children(worker.pid or 0)
         if children:
             pid = children[target % len(children)]
-            self.kills.append((time.time(), {pid}))
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+            self.kills.append((time.time(), {pid}))
 
     # -- servers -----------------------------------------------------------------------------
 

@@ -337,3 +337,10 @@ def test_a_failing_messages_timeline_merges_trace_ledger_and_logs_in_time_order(
     assert [row.split()[1] for row in rows] == ["worker0", "trace", "ledger"]
     assert "dead_lettered" in rows[1] and "attempts_limit" in rows[1]
     assert all("other" not in row for row in rows)
+
+
+def test_an_inbox_task_may_start_twice_more_than_attempts():
+    """Seed 5066: the documented inbox allowance (a body that marked its commit and was cut
+    short finds its row on the next run)."""
+    assert allowed.max_starts(Settings(attempts=1), 0) == 1
+    assert allowed.max_starts(Settings(attempts=1), 0, inbox=True) == 3

@@ -104,10 +104,15 @@ def expect(
     raise ValueError(f"no rule for {item}")
 
 
-def max_starts(settings: Settings, replays: int) -> int:
+def max_starts(settings: Settings, replays: int, inbox: bool = False) -> int:
     """Body starts a BeetleTask message may have: ``attempts``, again per replay (a replay
-    gives a fresh attempt budget)."""
-    return settings.attempts * (1 + replays)
+    gives a fresh attempt budget); an inbox task whose body marked its commit and was cut
+    short, up to :data:`~celery_beetle.outcome.INBOX_EXTRA_STARTS` more (README "The inbox
+    costs starts"; the explorer's seed 5066)."""
+    from celery_beetle.outcome import INBOX_EXTRA_STARTS
+
+    extra = INBOX_EXTRA_STARTS if inbox else 0
+    return (settings.attempts + extra) * (1 + replays)
 
 
 def plain_may_be_lost(worker_kills: int, broker_faults: int) -> bool:

@@ -185,7 +185,7 @@ def _judge_beetle(scenario: Scenario, key: str, item: Item, ev: Evidence) -> lis
     if not outcomes:
         breach("lost", f"no outcome; {starts} start(s), still unresolved={key in ev.unresolved}")
         return found
-    if starts > allowed.max_starts(settings, replays):
+    if starts > allowed.max_starts(settings, replays, inbox=item.kind == "inbox"):
         breach("starts", f"{starts} body starts with attempts={settings.attempts}")
     returned = _returned(entry, ev, settings.timeout_s)
     if returned and not replays and any(ts > returned[0][0] for ts, _ in entry.starts):

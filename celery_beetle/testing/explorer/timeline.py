@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from celery_beetle.audit import naive
 
@@ -30,15 +32,20 @@ def timeline(base: Path, key: str, limit: int = 60) -> list[str]:
     return [f"{_clock(ts)} {text}"[:300] for ts, text in rows[:limit]]
 
 
-def _trace_rows(path: Path, key: str) -> list[tuple[float, str]]:
-    rows = []
+def _records(path: Path, key: str) -> Iterator[dict[str, Any]]:
+    """The JSON lines of ``path`` that mention ``key`` (torn or foreign lines skipped)."""
     for line in path.read_text(errors="replace").splitlines():
         if key not in line:
             continue
         try:
-            rec = json.loads(line)
+            yield json.loads(line)
         except ValueError:
             continue
+
+
+def _trace_rows(path: Path, key: str) -> list[tuple[float, str]]:
+    rows = []
+    for rec in _records(path, key):
         detail = rec.get("detail") or {}
         rows.append(
             (
@@ -51,16 +58,10 @@ def _trace_rows(path: Path, key: str) -> list[tuple[float, str]]:
 
 
 def _ledger_rows(path: Path, key: str) -> list[tuple[float, str]]:
-    rows = []
-    for line in path.read_text(errors="replace").splitlines():
-        if key not in line:
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        rows.append((float(rec.get("ts") or 0), f"ledger pid {rec.get('pid')} {rec.get('ev')}"))
-    return rows
+    return [
+        (float(rec.get("ts") or 0), f"ledger pid {rec.get('pid')} {rec.get('ev')}")
+        for rec in _records(path, key)
+    ]
 
 
 def _log_rows(path: Path, key: str) -> list[tuple[float, str]]:

@@ -461,6 +461,26 @@ def test_a_far_future_expiry_is_cut_to_the_longest_message_life(h):
     assert facts is not None and facts.expires_at_ms == NOW_MS + MAX_MESSAGE_LIFE_MS
 
 
+class RecordingTracer:
+    enabled = True
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, dict[str, Any]]] = []
+
+    def emit(self, event: str, message_id: str, **fields: Any) -> None:
+        self.events.append((event, message_id, fields))
+
+
+def test_bad_input_writes_a_dead_lettered_event_so_a_replay_of_it_is_not_counted_lost(h):
+    # the explorer's seed 5071: a bad message replayed from the dead letters and found bad
+    # again left no evidence of its second dead letter; the audit counted it lost
+    h.gate.tracer = tracer = RecordingTracer()
+    message = Message(message_id="bad-1", decodes=False)
+    assert h.deliver(message) == "bad_input"
+    dead = [(mid, f["queue"], f["detail"]) for ev, mid, f in tracer.events if ev == "dead_lettered"]
+    assert dead == [("bad-1", "jobs", {"reason": "undecodable"})]
+
+
 def test_bad_input_whose_dead_letter_fails_is_handed_back_not_acked(h):
     def refuse(*args: Any) -> None:
         raise ConnectionResetError("broker gone")

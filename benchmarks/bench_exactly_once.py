@@ -63,6 +63,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import celery_beetle  # noqa: E402
+from benchmarks import _profile  # noqa: E402
+from benchmarks._cpu import CpuMeter, listener_pid, tree_cpu_s  # noqa: E402
 from celery_beetle import BeetleTask  # noqa: E402
 
 # -- the workers' app ------------------------------------------------------------------------
@@ -82,21 +84,22 @@ STATS = os.environ.get("BENCH_STATS", "")
 BODY_S = float(os.environ.get("BENCH_BODY_MS", "0")) / 1000
 
 
-def _note() -> None:
+def _note(i: float) -> None:
+    """Write when the body ran, and its argument (``bench_latency`` sends the publish time)."""
     if BODY_S:
         time.sleep(BODY_S)  # an I/O-bound body: the worker waits, the CPU does not
     with open(OUT, "a") as out:
-        out.write(f"{time.time():.6f}\n")
+        out.write(f"{time.time():.6f} {i}\n")
 
 
 @app.task(name="bench.plain")
-def plain(i: int) -> None:
-    _note()
+def plain(i: float) -> None:
+    _note(i)
 
 
 @app.task(base=BeetleTask, name="bench.beetle", timeout=60)
-def beetle(i: int) -> None:
-    _note()
+def beetle(i: float) -> None:
+    _note(i)
 
 
 class MemoryDedup(bootsteps.StartStopStep):
@@ -125,8 +128,33 @@ class MemoryDedup(bootsteps.StartStopStep):
         c.strategies["bench.plain"] = first_copy_only
 
 
+class TransportDedup(bootsteps.StartStopStep):
+    """The ceiling of dropping the second copy in the transport, before kombu makes a
+    Message of it (``beetle://``'s delivery filter, the hook the gate uses): ``bench.plain``
+    delivered twice, the second copy acked on an in-memory set. Only with
+    ``BENCH_TRANSPORT_DEDUP=1``."""
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def start(self, c: Any) -> None:
+        seen: set[str] = set()
+
+        def second_copy_dropped(raw: Any, tag: str, deliver: Any) -> bool:
+            message_id = raw.properties.get("message_id")
+            if message_id not in seen:
+                seen.add(message_id)
+                return False
+            seen.discard(message_id)
+            raw.channel.basic_ack(raw.delivery_tag)
+            return True
+
+        c.connection._connection.delivery_filter = second_copy_dropped
+
+
 if os.environ.get("BENCH_MEMORY_DEDUP"):
     app.steps["consumer"].add(MemoryDedup)
+if os.environ.get("BENCH_TRANSPORT_DEDUP"):
+    app.steps["consumer"].add(TransportDedup)
 
 
 def _dump(kind: str, data: dict[str, Any]) -> None:
@@ -169,9 +197,14 @@ def run_worker(
     trace_dir: str = "",
     extra_env: dict[str, str] | None = None,
     cpu_us: list[float] | None = None,
+    servers: dict[str, list[int]] | None = None,
+    cpu_by: dict[str, list[float]] | None = None,
+    profile: Path | None = None,
 ) -> tuple[float, list[dict[str, Any]]]:
     """Start a worker on a filled queue; return (tasks/s, its stats lines). ``cpu_us``
-    gets the CPU time its processes spent per task (µs, user + system)."""
+    gets the CPU time its processes spent per task (µs, user + system); ``cpu_by`` gets it
+    per group, for the worker and each group of ``servers`` (``{"brokers": [pid, ...]}``),
+    and their total. With ``profile`` py-spy samples the worker's main process into it."""
     out, stats, log = tmp / f"{queue}.out", tmp / f"{queue}.stats", tmp / f"{queue}.log"
     env = {
         **os.environ,
@@ -198,41 +231,37 @@ def run_worker(
         # CPU of the worker's process tree from the first run to the last, sampled on a short
         # poll: unlike tasks/s, CPU per task hardly moves with what else the machine runs
         first_cpu = None
+        meter = CpuMeter({"worker": [proc.pid], **(servers or {})})
+        sampler = None
         while (done := _lines(out)) < tasks:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"worker stopped early:\n{log.read_text()[-3000:]}")
             if first_cpu is None and done:
-                first_cpu, first_done = _tree_cpu_s(proc.pid), done
+                first_cpu, first_done = tree_cpu_s(proc.pid), done
+                meter.start()
+                if profile is not None:
+                    sampler = _profile.start(proc.pid, profile)
             time.sleep(0.02)
-        if cpu_us is not None and first_cpu is not None:
-            cpu_us.append((_tree_cpu_s(proc.pid) - first_cpu) * 1e6 / (tasks - first_done))
+        _profile.stop(sampler)
+        if first_cpu is not None:
+            runs = tasks - first_done
+            if cpu_us is not None:
+                cpu_us.append((tree_cpu_s(proc.pid) - first_cpu) * 1e6 / runs)
+            if cpu_by is not None:
+                used = meter.stop()
+                for name, seconds in {**used, "total": sum(used.values())}.items():
+                    cpu_by.setdefault(name, []).append(seconds * 1e6 / runs)
         time.sleep(1.0)  # let the last copies be gated and acked
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
-    stamps = sorted(float(line) for line in out.read_text().split())
+    stamps = sorted(float(line.split()[0]) for line in out.read_text().splitlines() if line)
     elapsed = stamps[-1] - stamps[0]
     rate = (len(stamps) - 1) / elapsed if elapsed > 0 else float("inf")
     lines = [json.loads(x) for x in stats.read_text().splitlines()] if stats.exists() else []
     if len(stamps) != tasks:
         print(f"  WARNING: {queue}: {len(stamps)} runs for {tasks} tasks", file=sys.stderr)
     return rate, lines
-
-
-def _tree_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` and its descendants, from /proc (Linux)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            children = Path(f"/proc/{p}/task/{p}/children").read_text().split()
-        except OSError:
-            continue  # exited meanwhile
-        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-        todo.extend(int(c) for c in children)
-    return total
 
 
 def _lines(path: Path) -> int:
@@ -419,6 +448,12 @@ def main() -> None:
         action="store_true",
         help="also time BeetleTask with trace events and metrics on (scraped every second)",
     )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="py-spy the worker's main process in the last round's plain and beetle runs; "
+        "raw profiles and their summaries go to this directory",
+    )
     opts = parser.parse_args()
     global BODY_MS
     BODY_MS = opts.body_ms
@@ -439,38 +474,53 @@ def main() -> None:
                 f"pool {opts.pool} "
                 f"-c {opts.concurrency}, brokers {ports}"
             )
-            base_rates, rates, ceilings = [], [], []
+            base_rates, rates, ceilings, dropped_early = [], [], [], []
+            servers = {
+                "brokers": [p for p in map(listener_pid, ports) if p is not None],
+                "redis": [server.pid] if server.pid else [],
+            }
+            cpu: dict[str, dict[str, list[float]]] = {}
+            if opts.profile:
+                opts.profile.mkdir(parents=True, exist_ok=True)
             for n in range(opts.rounds):
+                last = n == opts.rounds - 1
+
+                def timed(
+                    kind: str, url: str, queue: str, last: bool = last, **kw: Any
+                ) -> tuple[float, Any]:
+                    profile = opts.profile / f"{kind}.txt" if opts.profile and last else None
+                    return run_worker(
+                        url, redis_url, queue, opts.tasks, opts.pool, opts.concurrency, tmp,
+                        servers=servers, cpu_by=cpu.setdefault(kind, {}), profile=profile, **kw,
+                    )  # fmt: skip
+
                 fill(single, redis_url, "bench.plain", f"bench-plain-{n}", opts.tasks)
-                twice = f"bench-twice-{n}"
-                fill(
-                    f"{both}?redundant_queues={twice}", redis_url, "bench.plain", twice, opts.tasks
-                )
+                twice, early = f"bench-twice-{n}", f"bench-early-{n}"
+                for queue in (twice, early):
+                    fill(
+                        f"{both}?redundant_queues={queue}", redis_url, "bench.plain", queue,
+                        opts.tasks,
+                    )  # fmt: skip
                 last_ids = fill(both, redis_url, "bench.beetle", f"bench-beetle-{n}", opts.tasks)
-                base_rate, _ = run_worker(
-                    single, redis_url, f"bench-plain-{n}", opts.tasks, opts.pool,
-                    opts.concurrency, tmp,
-                )  # fmt: skip
-                ceiling, _ = run_worker(
-                    both, redis_url, twice, opts.tasks, opts.pool, opts.concurrency, tmp,
-                    extra_env={"BENCH_MEMORY_DEDUP": "1"},
-                )  # fmt: skip
+                base_rate, _ = timed("plain", single, f"bench-plain-{n}")
+                ceiling, _ = timed("ceiling", both, twice, extra_env={"BENCH_MEMORY_DEDUP": "1"})
+                early_rate, _ = timed(
+                    "transport", both, early, extra_env={"BENCH_TRANSPORT_DEDUP": "1"}
+                )
                 with server.client() as client:
                     before = commandstats(client)
-                rate, stats = run_worker(
-                    both, redis_url, f"bench-beetle-{n}", opts.tasks, opts.pool,
-                    opts.concurrency, tmp,
-                )  # fmt: skip
+                rate, stats = timed("beetle", both, f"bench-beetle-{n}")
                 with server.client() as client:
                     after = commandstats(client)
                 print(
                     f"  round {n + 1}: plain {base_rate:6.0f}/s, ceiling {ceiling:6.0f}/s, "
-                    f"beetle {rate:6.0f}/s; beetle/plain {rate / base_rate:.2f}, "
-                    f"ceiling/plain {ceiling / base_rate:.2f}, beetle/ceiling {rate / ceiling:.2f}"
+                    f"transport ceiling {early_rate:6.0f}/s, beetle {rate:6.0f}/s; "
+                    f"beetle/plain {rate / base_rate:.2f}, beetle/ceiling {rate / ceiling:.2f}"
                 )
                 base_rates.append(base_rate)
                 rates.append(rate)
                 ceilings.append(ceiling)
+                dropped_early.append(early_rate)
             queue = f"bench-beetle-{opts.rounds - 1}"  # same queue, same ids: duplicates
             fill(both, redis_url, "bench.beetle", queue, opts.tasks, task_ids=last_ids)
             late = drop_duplicates(both, redis_url, queue, opts.tasks, opts, tmp)
@@ -491,6 +541,17 @@ def main() -> None:
         before,
         after,
     )
+    print(
+        f"transport ceiling (2 copies, the second dropped in memory before kombu's Message): "
+        f"{statistics.median(dropped_early):.0f} tasks/s, "
+        f"{statistics.median(dropped_early) / statistics.median(base_rates):.2f} of plain"
+    )
+    print_cpu(cpu)
+    if opts.profile:
+        for kind in ("plain", "beetle"):
+            print(f"py-spy, the worker's main process, {kind} (last round):")
+            for line in _profile.summary(opts.profile / f"{kind}.txt"):
+                print(f"  {line}")
     reads = late.get("round_trips", 0)
     dropped = late.get("stats", {}).get("duplicate", 0)
     print(
@@ -498,6 +559,16 @@ def main() -> None:
         f"{dropped} copies dropped, {late.get('runs', 0)} runs, "
         f"{reads / max(dropped, 1):.2f} round trips per dropped copy (target <= 1)"
     )
+
+
+def print_cpu(cpu: dict[str, dict[str, list[float]]]) -> None:
+    """CPU per task of each run, by process group (medians over the rounds, µs)."""
+    print("CPU per task, µs (medians; worker = its whole process tree):")
+    groups = ["worker", "brokers", "redis", "total"]
+    print(f"  {'':10}" + "".join(f"{g:>10}" for g in groups))
+    for kind, by in cpu.items():
+        cells = [statistics.median(by[g]) if by.get(g) else float("nan") for g in groups]
+        print(f"  {kind:10}" + "".join(f"{c:10.0f}" for c in cells))
 
 
 def report(

@@ -6,7 +6,9 @@ run (rounds interleaved, so both sides see the same machine load).
   against the same transaction without the outbox row (ratio: with / without);
 - relay throughput to two brokers (``publish_many``: a batch's copies all in flight, rows
   deleted as confirms arrive) against direct ``apply_async`` of the same BeetleTask over
-  ``beetle://`` (one confirm round trip per task). Target: ratio >= 3;
+  ``beetle://`` (one confirm round trip per task). Target: ratio >= 3; and against the
+  machine's ceiling for it, a bare py-amqp publisher of the same messages to the same two
+  brokers with confirms pipelined (a window of ``--batch-size``). Target: >= 0.8 of it;
 - commit-to-publish latency p50/p99 at a steady load (commit until the relay's pass that
   published it committed its delete: an upper bound).
 - NOTIFY wake-ups (opt-in) against polling: commit-to-publish p50/p99 at the steady rate
@@ -29,6 +31,7 @@ import threading
 import time
 from typing import Any
 
+import amqp
 import sqlalchemy as sa
 from celery import Celery
 from kombu import Connection
@@ -92,6 +95,54 @@ def direct_rate(app: Celery, task: Any, n: int) -> float:
         for i in range(n):
             task.apply_async((i,), producer=producer)
         return n / (time.perf_counter() - started)
+
+
+def pipelined_rate(app: Celery, ports: list[int], n: int, window: int) -> float:
+    """The relay's ceiling on this machine: bare py-amqp publishing the relay's messages (a
+    BeetleTask's headers and body, same size) to two brokers with confirms pipelined: up to
+    ``window`` unconfirmed messages per broker, each broker's acks (``multiple`` included)
+    counted as they come. No database, no Celery, no beetle."""
+    task = app.amqp.as_task_v2("00000000-0000-0000-0000-000000000000", "bench.charge", args=(0,))
+    body = json.dumps(task.body).encode()
+    headers = {k: v for k, v in task.headers.items() if v is not None}
+    links = []
+    for port in ports:
+        connection = amqp.Connection(f"127.0.0.1:{port}")
+        connection.connect()
+        channel = connection.channel()
+        channel.confirm_select()
+        channel.queue_declare("bench-pipelined", durable=True, auto_delete=False)
+        confirmed = [0]
+
+        def on_ack(tag: int, multiple: bool, confirmed: list[int] = confirmed) -> None:
+            confirmed[0] = tag if multiple else max(confirmed[0], tag)
+
+        channel.events["basic_ack"].add(on_ack)
+        links.append((connection, channel, confirmed))
+    try:
+        started = time.perf_counter()
+        sent = 0
+        while True:
+            behind = min(confirmed[0] for _, _, confirmed in links)
+            if sent >= n and behind >= n:
+                break
+            if sent < n and sent - behind < window:
+                message = amqp.Message(
+                    body, delivery_mode=2, content_type="application/json",
+                    content_encoding="utf-8", application_headers=headers, message_id=f"m{sent}",
+                )  # fmt: skip
+                for _, channel, _ in links:
+                    channel.basic_publish(message, routing_key="bench-pipelined")
+                sent += 1
+                continue
+            for connection, _, confirmed in links:
+                if confirmed[0] < sent:
+                    connection.drain_events(timeout=5)
+        return n / (time.perf_counter() - started)
+    finally:
+        for connection, channel, _ in links:
+            channel.queue_delete("bench-pipelined")
+            connection.close()
 
 
 def relay_rate(relay: Relay, engine: sa.Engine, task: Any, n: int) -> float:
@@ -166,12 +217,12 @@ def main() -> None:
     try:
         with rabbit_ports(2) as ports:
             url = "beetle://guest:guest@" + ",".join(f"127.0.0.1:{p}" for p in ports) + "//"
-            run(url, pg.create_database("bench_outbox"), args)
+            run(url, pg.create_database("bench_outbox"), args, ports)
     finally:
         pg.remove()
 
 
-def run(url: str, db_url: str, args: argparse.Namespace) -> None:
+def run(url: str, db_url: str, args: argparse.Namespace, ports: list[int]) -> None:
     from celery_beetle.outbox.db import engine_for
 
     engine = engine_for(db_url, pool_size=max(5, args.writers + 1))
@@ -180,7 +231,9 @@ def run(url: str, db_url: str, args: argparse.Namespace) -> None:
     app = make_app(url)
     task = app.tasks["bench.charge"]
     n = args.tasks
-    rows: dict[str, list[float]] = {k: [] for k in ("plain", "outbox", "direct", "relay")}
+    rows: dict[str, list[float]] = {
+        k: [] for k in ("plain", "outbox", "direct", "relay", "pipelined")
+    }
     with Connection(url) as conn:
         relay = Relay(engine, conn.channel(), batch_size=args.batch_size)
         enqueue_rate(engine, task, 50, True)  # warm up
@@ -192,6 +245,7 @@ def run(url: str, db_url: str, args: argparse.Namespace) -> None:
                 c.execute(sa.delete(OUTBOX))
             rows["direct"].append(direct_rate(app, task, n))
             rows["relay"].append(relay_rate(relay, engine, task, n))
+            rows["pipelined"].append(pipelined_rate(app, ports, n, args.batch_size))
         lat = [] if args.notify_only else latencies(relay, engine, task, n, args.rate)
         listening = Relay(engine, conn.channel(), batch_size=args.batch_size, listen=True)
         notify_rows = compare_notify(relay, listening, app, engine, task, args)
@@ -208,10 +262,15 @@ def run(url: str, db_url: str, args: argparse.Namespace) -> None:
     print(f"{'tasks/s to two brokers (apply_async | relay)':<44}"
           f"{med['direct']:>12.0f}{med['relay']:>12.0f}{relay_ratio:>7.2f}x"
           f"   target >= 3x: {'met' if relay_ratio >= 3 else 'NOT met'}")  # fmt: skip
+    ceiling_ratio = med["relay"] / med["pipelined"]
+    print(f"{'tasks/s to two brokers (py-amqp pipelined | relay)':<44}"
+          f"{med['pipelined']:>12.0f}{med['relay']:>12.0f}{ceiling_ratio:>7.2f}x"
+          f"   target >= 0.8x: {'met' if ceiling_ratio >= 0.8 else 'NOT met'}")  # fmt: skip
     print(f"commit-to-publish at {args.rate:.0f}/s: p50 {pct(lat, 0.5):.1f} ms, "
           f"p99 {pct(lat, 0.99):.1f} ms ({len(lat)} of {n} tasks)")  # fmt: skip
     print(json.dumps({"rounds": rows, "enqueue_cost_ratio": round(enqueue_ratio, 2),
                       "relay_vs_direct": round(relay_ratio, 2),
+                      "relay_vs_pipelined": round(ceiling_ratio, 2),
                       "latency_p50_ms": round(pct(lat, 0.5), 2),
                       "latency_p99_ms": round(pct(lat, 0.99), 2)}))  # fmt: skip
     print_notify(notify_rows, args)

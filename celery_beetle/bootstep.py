@@ -93,6 +93,7 @@ class BeetleGateStep(bootsteps.StartStopStep):
                 if not getattr(strategy, "beetle_gated", False):
                     c.strategies[name] = gated_strategy(strategy, name, self.gate, c)
                 gated.append(name)
+        self._filter_twins(c, frozenset(gated))
         if "on_unknown_task" not in vars(c):
             c.on_unknown_task = self._unknown_task_handler(c, c.on_unknown_task)
         logger.info(
@@ -101,6 +102,25 @@ class BeetleGateStep(bootsteps.StartStopStep):
             "pipelined" if self.gate.reads is not None else "synchronous",
             ", ".join(sorted(gated)),
         )
+
+    def _filter_twins(self, c: Any, gated: frozenset[str]) -> None:
+        """Let the gate see a gated task's deliveries before kombu makes Messages of them
+        (``beetle://`` only: :data:`kombu_beetle.channel.DeliveryFilter`), so that the
+        second copy of a message already running here costs almost nothing."""
+        connection = getattr(getattr(c, "connection", None), "_connection", None)
+        if connection is None or not hasattr(connection, "delivery_filter"):
+            return
+        gate = self.gate
+        assert gate is not None
+
+        def hold_twin(raw: Any, tag: str, deliver: Callable[[Any], Any]) -> bool:
+            headers = raw.properties.get("application_headers")
+            task_name = headers.get("task") if isinstance(headers, dict) else None
+            if task_name not in gated:
+                return False
+            return gate.hold_twin(raw, task_name, deliver)
+
+        connection.delivery_filter = hold_twin
 
     def _serve_metrics(self) -> Any:
         port, addr = self.settings.metrics_port, self.settings.metrics_addr

@@ -117,6 +117,7 @@ from celery_beetle.outcome import Gate as Verdict
 from celery_beetle.redis_health import store_unavailable
 from celery_beetle.state import MAX_OWNER_LENGTH, MessageFacts, Status
 from celery_beetle.store import Store, wall_clock_ms
+from kombu_beetle.brokers import incarnation_of, settle_raw
 from kombu_beetle.scopes import scope_of
 from kombu_beetle.trace import NullTracer
 
@@ -147,6 +148,58 @@ class Delivery:
     @property
     def key(self) -> tuple[str, str]:
         return self.facts.identity
+
+
+@dataclass(eq=False)
+class Twin:
+    """A copy held before kombu made a Message of it (:meth:`DeliveryGate.hold_twin`): a
+    copy with its identity is running in this worker. When that run completes the twin is
+    acked as a duplicate; after any other ending it is delivered on, through Celery and the
+    gate, as any copy. A twin is its own message view (the trace and hand-back helpers read
+    ``headers``, ``delivery_info`` and ``channel`` and call ``ack`` and ``reject``)."""
+
+    raw: Any
+    task_name: str
+    key: tuple[str, str]
+    deliver: Callable[[Any], Any]
+    generation: int
+    incarnation: int = 0  # of its broker channel as it arrived (kombu_beetle.brokers)
+    settled: bool = False
+
+    @property
+    def message(self) -> Twin:
+        return self
+
+    @property
+    def stale(self) -> bool:
+        """Its channel was closed and reopened since it arrived: the broker gave it back."""
+        return incarnation_of(self.raw) != self.incarnation
+
+    @property
+    def headers(self) -> dict[str, Any]:
+        return self.raw.properties.get("application_headers") or {}
+
+    @property
+    def properties(self) -> dict[str, Any]:
+        return self.raw.properties
+
+    @property
+    def delivery_info(self) -> dict[str, Any]:
+        return self.raw.delivery_info
+
+    @property
+    def channel(self) -> Any:
+        return self.raw.channel
+
+    def ack(self) -> None:
+        if not self.settled:
+            self.settled = True
+            settle_raw(self.raw, self.incarnation)
+
+    def reject(self, requeue: bool = True) -> None:
+        if not self.settled:
+            self.settled = True
+            settle_raw(self.raw, self.incarnation, requeue=requeue)
 
 
 @dataclass
@@ -210,7 +263,7 @@ class DeliveryGate(BadInputHandling):
     def __post_init__(self) -> None:
         self.generation = 0
         self._in_flight: set[tuple[str, str]] = set()
-        self._waiting: dict[tuple[str, str], list[Delivery]] = {}
+        self._waiting: dict[tuple[str, str], list[Delivery | Twin]] = {}
         self._parked: list[Delivery] = []
         self._completed: OrderedDict[tuple[str, str], int] = OrderedDict()
         self.handbacks = HandBacks(self.call_later, self.handback_max_s, self.completed_memory_size)
@@ -275,6 +328,61 @@ class DeliveryGate(BadInputHandling):
         if facts.expires_at_ms <= self.clock():
             return self._drop(delivery, "expired")
         return self._examine(delivery)
+
+    def hold_twin(self, raw: Any, task_name: str, deliver: Callable[[Any], Any]) -> bool:
+        """The transport's delivery filter (:data:`kombu_beetle.channel.DeliveryFilter`)
+        for a gated task's raw delivery: True when the gate took it as a :class:`Twin`,
+        because a copy with its identity is in flight here (it waits for that run) or
+        completed here a moment ago (it is acked now). Either way it costs no Redis call,
+        no kombu Message and no Celery strategy call: the second copy of a redundant pair
+        should cost far less than the first. Anything else (no ``message_id``, Redis
+        unavailable, a queue being handed back) is left to :meth:`handle`."""
+        if self.paused:
+            return False
+        message_id = raw.properties.get("message_id")
+        if not isinstance(message_id, str) or not message_id:
+            return False
+        key = (scope_of(self.scopes, self.queue_of(raw)), message_id)
+        in_flight = key in self._in_flight
+        if not in_flight and not self._completed_here(key):
+            return False
+        twin = Twin(raw, task_name, key, deliver, self.generation, incarnation_of(raw))
+        if self.handing_back(twin):
+            return False
+        self.stats["delivered"] += 1
+        self.stats["twins_held"] += 1
+        self._trace("delivered", message_id, key[0], task_name, twin)
+        if in_flight:
+            self.stats["waiting"] += 1
+            self._waiting.setdefault(key, []).append(twin)
+        else:
+            self.stats["known_completed"] += 1
+            self._drop_twin(twin)
+        return True
+
+    def _drop_twin(self, twin: Twin) -> None:
+        """Ack a twin as a duplicate of a message that completed here."""
+        self.stats["duplicate"] += 1
+        detail = {"status": Status.COMPLETED.value}
+        self._trace("duplicate", twin.key[1], twin.key[0], twin.task_name, twin, detail)
+        if self._acking_after_trace():
+            self._acks_after_trace.append(lambda: ack(twin))
+        else:
+            ack(twin)
+
+    def _deliver_on(self, twin: Twin) -> None:
+        """Send a held twin on through Celery and the gate, soon (not from inside the
+        caller's batch of Redis replies), unless its consumer restarted meanwhile."""
+
+        def deliver() -> None:
+            if twin.generation != self.generation or twin.stale or twin.settled:
+                return  # its connection or channel is gone: its broker delivers it again
+            try:
+                twin.deliver(twin.raw)
+            except Exception:  # unacked: its broker delivers it again with the channel
+                logger.exception("beetle: cannot deliver a held copy of %s on", twin.key[1][:100])
+
+        self.call_later(0, deliver)
 
     def reset(self) -> None:
         """Forget every held delivery: the consumer's connection is going away, so they
@@ -363,8 +471,12 @@ class DeliveryGate(BadInputHandling):
             self._in_flight.discard(key)
             waiters = self._waiting.pop(key, [])
             if exc is not None:
-                for delivery in (d, *waiters):
-                    self._trouble(delivery, exc)
+                self._trouble(d, exc)
+                for waiter in waiters:
+                    if isinstance(waiter, Twin):
+                        self._deliver_on(waiter)
+                    else:
+                        self._trouble(waiter, exc)
                 if owner:  # the claim may have been applied without its reply arriving
                     self._release_later(d.facts, owner)
                 return
@@ -501,7 +613,10 @@ class DeliveryGate(BadInputHandling):
         if completed:  # duplicates for sure: ack them now, no timer, no read
             for d in waiters:
                 self.stats["known_completed"] += 1
-                self._drop(d, "duplicate", status=Status.COMPLETED)
+                if isinstance(d, Twin):
+                    self._drop_twin(d)
+                else:
+                    self._drop(d, "duplicate", status=Status.COMPLETED)
             return
         self.call_later(0, lambda: self._wake(waiters))
 
@@ -660,9 +775,11 @@ class DeliveryGate(BadInputHandling):
             return False
         return True
 
-    def _wake(self, waiters: list[Delivery]) -> None:
+    def _wake(self, waiters: list[Delivery | Twin]) -> None:
         for d in waiters:
-            if d.generation == self.generation:
+            if isinstance(d, Twin):
+                self._deliver_on(d)
+            elif d.generation == self.generation:
                 self._examine(d)
 
     def give_back_held(self) -> int:

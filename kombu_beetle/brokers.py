@@ -164,6 +164,28 @@ class Delivery(pyamqp.Message):
             super().requeue()
 
 
+def incarnation_of(raw: Any) -> int:
+    """The incarnation of the channel ``raw`` (a py-amqp message) arrived on, for
+    :func:`settle_raw`: taken as it arrives."""
+    return int(getattr(raw.channel, "beetle_incarnation", 0))
+
+
+def settle_raw(raw: Any, incarnation: int, requeue: bool | None = None) -> bool:
+    """Ack (``requeue`` None) or reject a raw delivery that never became a :class:`Delivery`
+    (one the connection's delivery filter held), with the same rule: nothing is sent once
+    its channel was closed and reopened since (its tags count from 1 again, and the broker
+    gave the message back). True when sent."""
+    channel = raw.channel
+    if getattr(channel, "beetle_incarnation", 0) != incarnation:
+        logger.debug("beetle: not settling delivery %s: its channel was closed since", raw)
+        return False
+    if requeue is None:
+        channel.basic_ack(raw.delivery_tag)
+    else:
+        channel.basic_reject(raw.delivery_tag, requeue=requeue)
+    return True
+
+
 class BrokerConnection(pyamqp.Connection):
     """py-amqp connection whose channels are :class:`BrokerChannel`."""
 

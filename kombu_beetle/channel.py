@@ -41,6 +41,14 @@ RECONSUME_INTERVAL_S = 0.3
 #: a queue still missing after this long is declared again, as a reconnect would
 REDECLARE_AFTER_S = 5.0
 
+#: ``filter(raw_message, consumer_tag, deliver) -> bool``: looks at each delivery before
+#: kombu makes a ``Message`` of it (:attr:`~kombu_beetle.connection.BeetleConnection.
+#: delivery_filter`). True means the filter took it: it acks it, or calls ``deliver(raw)``
+#: later to send it on as any delivery. Redundant copies of a message that is already
+#: running in this worker cost a dict lookup this way, not a kombu Message and a Celery
+#: strategy call.
+DeliveryFilter = Callable[[Any, str, Callable[[Any], Any]], bool]
+
 
 @dataclass
 class ConsumerSpec:
@@ -329,8 +337,9 @@ class BeetleChannel(base.StdChannel):
     ) -> str:
         tag = consumer_tag or f"beetle-{uuid.uuid4().hex}"
         spec = ConsumerSpec(
-            queue, no_ack, _tag_errors(callback, tag), arguments, on_cancel, exclusive
-        )
+            queue, no_ack, _tag_errors(callback, tag, self.connection), arguments, on_cancel,
+            exclusive,
+        )  # fmt: skip
         subs = self._live_subs()
         if not subs:
             raise NoBrokerAvailable(self.connection.brokers.names(), "cannot consume")
@@ -497,9 +506,10 @@ class BeetleChannel(base.StdChannel):
 
     def message_to_python(self, raw_message: Any) -> Delivery:
         channel = raw_message.channel
-        link = getattr(channel, "beetle_link", None)
-        if link is not None:
-            raw_message.delivery_info[BROKER_HEADER] = link.name
+        if BROKER_HEADER not in raw_message.delivery_info:
+            link = getattr(channel, "beetle_link", None)
+            if link is not None:
+                raw_message.delivery_info[BROKER_HEADER] = link.name
         return self.Message(raw_message, channel=channel)
 
     def basic_publish(
@@ -557,19 +567,17 @@ def inequivalent_arguments(exc: BaseException) -> bool:
     )
 
 
-def _tag_errors(callback: Any, tag: str) -> Any:
+def _tag_errors(callback: Any, tag: str, connection: Any = None) -> Any:
     """Mark exceptions from a consumer callback, so they are not taken for a broker failure.
 
     Each delivery carries the consumer tag kombu consumed with (``tag``), not the one its
     broker knows: the prefetch window consumes again under fresh tags (``tag.N``), and the
-    worker recognises a queue's deliveries by kombu's tag (the gate's queue, a hand-back)."""
+    worker recognises a queue's deliveries by kombu's tag (the gate's queue, a hand-back).
+    The connection's :data:`DeliveryFilter`, if one is set, sees the delivery first."""
     if callback is None:
         return None
 
-    def deliver(message: Any) -> Any:
-        info = getattr(message, "delivery_info", None)
-        if info is not None and info.get("consumer_tag") != tag:
-            info["consumer_tag"] = tag
+    def deliver_on(message: Any) -> Any:
         try:
             return callback(message)
         except BaseException as exc:
@@ -579,7 +587,28 @@ def _tag_errors(callback: Any, tag: str) -> Any:
                 pass
             raise
 
+    def deliver(message: Any) -> Any:
+        info = getattr(message, "delivery_info", None)
+        if info is not None:
+            if info.get("consumer_tag") != tag:
+                info["consumer_tag"] = tag
+            link = getattr(getattr(message, "channel", None), "beetle_link", None)
+            if link is not None:
+                info[BROKER_HEADER] = link.name
+            held = getattr(connection, "delivery_filter", None)
+            if held is not None and _filtered(held, message, tag, deliver_on):
+                return None
+        return deliver_on(message)
+
     return deliver
+
+
+def _filtered(held: DeliveryFilter, message: Any, tag: str, deliver_on: Any) -> bool:
+    try:
+        return held(message, tag, deliver_on)
+    except Exception:  # the filter only saves work: the delivery goes on as any other
+        logger.exception("beetle: the delivery filter failed; delivering the message on")
+        return False
 
 
 def _close_quietly(sub: BrokerChannel) -> None:

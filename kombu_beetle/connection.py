@@ -66,6 +66,9 @@ class BeetleConnection:
         self.brokers = BrokerSet(links, options.publish_strategy)
         self.declarations = DeclarationLog()
         self.channels: list[BeetleChannel] = []
+        #: sees each delivery before kombu does (:data:`kombu_beetle.channel.DeliveryFilter`;
+        #: celery_beetle's gate sets it to hold the copies of messages running here)
+        self.delivery_filter: Any = None
         self._reviver = Reviver(links, clock=clock)
         self._loop: Any = None
         self._readers: dict[BrokerLink, Any] = {}

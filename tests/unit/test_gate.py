@@ -599,3 +599,119 @@ def test_an_unknown_task_is_handed_back_within_its_grace_then_dead_lettered(h):
     h.timer.advance(10)
     assert h.gate.unknown_task(message, "t.new", "NotRegistered") == "bad_input"
     assert message.acks == 1 and h.dead[0][2] == "unknown_task"
+
+
+# -- the transport's delivery filter: a twin held before kombu makes a Message of it --------
+
+
+class RawChannel:
+    is_open = True
+    connection = object()
+
+    def __init__(self) -> None:
+        self.acked: list[int] = []
+        self.rejected: list[tuple[int, bool]] = []
+
+    def basic_ack(self, tag: int) -> None:
+        self.acked.append(tag)
+
+    def basic_reject(self, tag: int, requeue: bool = True) -> None:
+        self.rejected.append((tag, requeue))
+
+
+class Raw:
+    """A py-amqp message as the transport's filter sees it."""
+
+    def __init__(self, message_id: str = "m1", tag: int = 7) -> None:
+        self.properties = {
+            "message_id": message_id,
+            "application_headers": {"id": "task-1", "task": "t.beetle"},
+        }
+        self.delivery_info = {"routing_key": "jobs", "beetle_broker": "rabbit-b"}
+        self.delivery_tag = tag
+        self.channel = RawChannel()
+        self.body = b"[[], {}, {}]"
+
+
+def hold(h: Harness, raw: Raw) -> tuple[bool, list[Raw]]:
+    delivered: list[Raw] = []
+    return h.gate.hold_twin(raw, "t.beetle", delivered.append), delivered
+
+
+def test_a_twin_of_a_message_running_here_is_held_raw_and_acked_when_its_run_completes(
+    h, pipelined
+):
+    first = Message()
+    assert h.deliver(first) == "reading"
+    raw = Raw()
+    held, delivered = hold(h, raw)
+    assert held and delivered == [] and len(pipelined.asked) == 1
+    pipelined.answer()
+    _, done = h.started[0]
+    first.headers[FACTS_HEADER]["completed"] = True
+    done()
+    assert raw.channel.acked == [7] and delivered == []
+    assert h.gate.stats["twins_held"] == 1 and h.gate.stats["duplicate"] == 1
+    assert pipelined.asked == [], "no Redis call for the twin"
+
+
+def test_a_held_twin_goes_on_through_the_gate_when_its_run_ends_without_completing(h):
+    assert h.deliver(Message()) == "run"
+    raw = Raw()
+    held, delivered = hold(h, raw)
+    assert held
+    _, done = h.started[0]
+    done()  # not completed: a retry, a failure, a lease taken over
+    h.timer.advance()
+    assert delivered == [raw] and raw.channel.acked == []
+
+
+def test_a_twin_of_a_message_completed_here_a_moment_ago_is_acked_at_once(h):
+    first = Message()
+    h.deliver(first)
+    _, done = h.started[0]
+    first.headers[FACTS_HEADER]["completed"] = True
+    done()
+    raw = Raw(tag=9)
+    held, delivered = hold(h, raw)
+    assert held and raw.channel.acked == [9] and delivered == []
+
+
+def test_a_copy_of_a_message_not_running_here_is_left_to_the_gate(h):
+    assert hold(h, Raw()) == (False, [])
+    assert hold(h, Raw(message_id="")) == (False, [])
+    h.gate.paused = True
+    h.deliver(Message())
+    assert hold(h, Raw()) == (False, [])
+
+
+def test_held_twins_are_forgotten_when_the_consumer_restarts(h):
+    h.deliver(Message())
+    raw = Raw()
+    held, delivered = hold(h, raw)
+    assert held
+    h.gate.reset()
+    h.timer.advance(60)
+    assert raw.channel.acked == [] and delivered == [], "its broker delivers it again"
+
+
+def test_a_held_twin_whose_channel_was_reopened_is_neither_acked_nor_sent_on(h):
+    # a reopened channel counts delivery tags from 1 again: the old tag may name another
+    # message, and the broker gave this one back anyway
+    first = Message()
+    h.deliver(first)
+    raw, other = Raw(tag=3), Raw(message_id="m2", tag=4)
+    assert hold(h, raw)[0]
+    raw.channel.beetle_incarnation = 1
+    _, done = h.started[0]
+    first.headers[FACTS_HEADER]["completed"] = True
+    done()
+    assert raw.channel.acked == []
+    h.deliver(Message(message_id="m2"))
+    held, delivered = hold(h, other)
+    assert held
+    other.channel.beetle_incarnation = 1
+    _, done = h.started[1]
+    done()  # not completed: the twin would go on through the gate
+    h.timer.advance()
+    assert delivered == [] and other.channel.rejected == []

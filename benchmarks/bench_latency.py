@@ -1,0 +1,228 @@
+"""Latency, and how throughput scales with the fleet.
+
+**Latency**: publish-to-completion (the publisher stamps each task with the time it sent it;
+the body writes when it ran) of a BeetleTask over ``beetle://`` and two brokers, at 50 % and
+90 % of its own peak rate (measured first, queues drained from full), beside a plain Celery
+task on ``pyamqp://`` and one broker at the same rates. The publisher sends on a fixed
+schedule (open loop: a slow worker does not slow it down). Printed: p50, p99 and p99
+beetle/plain (target <= 1.3).
+
+**Scaling** (``--scaling``): BeetleTask throughput with 2, 3 and 4 brokers and 1, 2 and 3
+workers (each prefork ``-c 2``), beside plain Celery on one broker with the same workers;
+queues filled first, the clock runs from the first run to the last. ``--plot`` draws it.
+
+Usage::
+
+    python -m benchmarks.bench_latency [--tasks 3000] [--rates 0.5,0.9] [--scaling]
+        [--plot docs/_static/scaling.png]
+
+Brokers from ``benchmarks/_nodes.py``, a throwaway Redis; the workers are
+``benchmarks.bench_exactly_once``'s app.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from celery import Celery
+
+from benchmarks._nodes import rabbit_ports
+from benchmarks.bench_exactly_once import ROOT, fill, run_worker
+from celery_beetle import BeetleTask
+from tests.harness.redis_server import RedisServer
+
+PLAIN, BEETLE = "bench.plain", "bench.beetle"
+
+
+@contextlib.contextmanager
+def workers(
+    broker: str, redis_url: str, queue: str, out: Path, count: int = 1, concurrency: int = 2
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``count`` workers of the benchmark app on ``queue``, writing their runs to ``out``."""
+    env = {
+        **os.environ,
+        "BENCH_BROKER": broker,
+        "BENCH_REDIS": redis_url,
+        "BENCH_OUT": str(out),
+        "PYTHONPATH": str(ROOT),
+    }
+    out.touch()
+    procs = []
+    try:
+        for n in range(count):
+            args = [
+                sys.executable, "-m", "celery", "-A", "benchmarks.bench_exactly_once", "worker",
+                "-P", "prefork", "-c", str(concurrency), "-Q", queue, "-l", "warning",
+                "--without-gossip", "--without-mingle", "--without-heartbeat",
+                "-n", f"lat-{queue}-{n}-{os.getpid()}@%h",
+            ]  # fmt: skip
+            log = out.with_suffix(f".{n}.log").open("wb")
+            procs.append(subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT))
+        yield procs
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(60)
+
+
+def _runs(out: Path) -> list[tuple[float, float]]:
+    """(when it ran, its argument) per line of a workers' ``out`` file."""
+    rows = []
+    for line in out.read_text().splitlines():
+        ran, _, arg = line.partition(" ")
+        if arg:
+            rows.append((float(ran), float(arg)))
+    return rows
+
+
+def _wait_for(out: Path, count: int, timeout: float, procs: list[subprocess.Popen[bytes]]) -> None:
+    deadline = time.monotonic() + timeout
+    while len(out.read_text().splitlines()) < count:
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            raise SystemExit(f"{out}: {len(_runs(out))} of {count} runs before the deadline")
+        time.sleep(0.05)
+
+
+def latency(
+    broker: str, redis_url: str, task_name: str, rate: float, tasks: int, tmp: Path
+) -> tuple[float, float, float]:
+    """p50 and p99 publish-to-completion (ms) at ``rate`` tasks/s, and the rate sent."""
+    queue = f"lat-{task_name.split('.')[1]}-{int(rate)}-{time.monotonic_ns()}"
+    out = tmp / f"{queue}.out"
+    client = Celery("bench_latency", broker=broker, set_as_current=False)
+    client.conf.beetle_redis_url = redis_url
+    base = BeetleTask if task_name == BEETLE else None
+    task = client.task(name=task_name, base=base, shared=False)(lambda i: None)
+    with workers(broker, redis_url, queue, out) as procs, client.producer_or_acquire() as prod:
+        task.apply_async((time.time(),), queue=queue, producer=prod)  # declares; warms up
+        _wait_for(out, 1, 60, procs)
+        start = time.monotonic()
+        for i in range(tasks):
+            delay = start + i / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            task.apply_async((time.time(),), queue=queue, producer=prod)
+        sent_rate = tasks / (time.monotonic() - start)
+        _wait_for(out, tasks + 1, 120, procs)
+    client.close()
+    waits = sorted(ran - sent for ran, sent in _runs(out)[1 + tasks // 10 :])  # warmed up
+    p50 = waits[len(waits) // 2] * 1000
+    p99 = waits[min(len(waits) - 1, int(len(waits) * 0.99))] * 1000
+    return p50, p99, sent_rate
+
+
+def scaling_rate(
+    broker: str, redis_url: str, task_name: str, workers_n: int, tasks: int, tmp: Path
+) -> float:
+    queue = f"scale-{task_name.split('.')[1]}-{workers_n}-{time.monotonic_ns()}"
+    out = tmp / f"{queue}.out"
+    fill(broker, redis_url, task_name, queue, tasks)
+    with workers(broker, redis_url, queue, out, count=workers_n) as procs:
+        _wait_for(out, tasks, 300, procs)
+        time.sleep(1.0)
+    stamps = sorted(ran for ran, _ in _runs(out))
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=3000)
+    parser.add_argument("--rates", default="0.5,0.9", help="fractions of BeetleTask's peak")
+    parser.add_argument("--scaling", action="store_true")
+    parser.add_argument("--plot", type=Path, help="draw the scaling figure into this PNG")
+    opts = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-lat-"))
+    server = RedisServer(tmp / "redis")
+    server.start()
+    try:
+        with rabbit_ports(4 if opts.scaling else 2) as ports:
+            single = f"pyamqp://guest:guest@127.0.0.1:{ports[0]}//"
+
+            def beetle_url(n: int) -> str:
+                hosts = ",".join(f"127.0.0.1:{p}" for p in ports[:n])
+                return f"beetle://guest:guest@{hosts}//"
+
+            both = beetle_url(2)
+            peaks = {}
+            for name, url in ((PLAIN, single), (BEETLE, both)):
+                queue = f"peak-{name.split('.')[1]}"
+                fill(url, server.url, name, queue, opts.tasks)
+                peaks[name], _ = run_worker(url, server.url, queue, opts.tasks, "prefork", 2, tmp)
+            print(
+                f"peak (drained from full, prefork -c 2): plain {peaks[PLAIN]:.0f}/s, "
+                f"BeetleTask {peaks[BEETLE]:.0f}/s"
+            )
+            for fraction in (float(f) for f in opts.rates.split(",")):
+                rate = fraction * peaks[BEETLE]
+                plain = latency(single, server.url, PLAIN, rate, opts.tasks, tmp)
+                beetle = latency(both, server.url, BEETLE, rate, opts.tasks, tmp)
+                print(
+                    f"at {fraction:.0%} of BeetleTask's peak ({rate:.0f}/s; sent "
+                    f"{plain[2]:.0f}/s and {beetle[2]:.0f}/s): "
+                    f"plain p50 {plain[0]:.1f} ms p99 {plain[1]:.1f} ms; "
+                    f"BeetleTask p50 {beetle[0]:.1f} ms p99 {beetle[1]:.1f} ms; "
+                    f"p99 beetle/plain {beetle[1] / plain[1]:.2f} (target <= 1.3)"
+                )
+            if opts.scaling:
+                scale(single, beetle_url, server.url, opts, tmp)
+    finally:
+        server.kill()
+
+
+def scale(
+    single: str,
+    beetle_url: Callable[[int], str],
+    redis_url: str,
+    opts: argparse.Namespace,
+    tmp: Path,
+) -> None:
+    counts = (1, 2, 3)
+    rows: dict[str, list[float]] = {}
+    rows["plain, 1 broker"] = [
+        scaling_rate(single, redis_url, PLAIN, w, opts.tasks, tmp) for w in counts
+    ]
+    for brokers in (2, 3, 4):
+        rows[f"BeetleTask, {brokers} brokers"] = [
+            scaling_rate(beetle_url(brokers), redis_url, BEETLE, w, opts.tasks, tmp) for w in counts
+        ]
+    print("tasks/s by workers (each prefork -c 2):     " + "".join(f"{w:>9}" for w in counts))
+    for label, rates in rows.items():
+        print(f"  {label:40}" + "".join(f"{r:9.0f}" for r in rates))
+    if opts.plot:
+        plot(rows, counts, opts.plot)
+        print(f"figure: {opts.plot}")
+
+
+def plot(rows: dict[str, list[float]], counts: tuple[int, ...], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    for label, rates in rows.items():
+        ax.plot(counts, rates, marker="o", linestyle="--" if "plain" in label else "-", label=label)
+    ax.set_xticks(counts)
+    ax.set_xlabel("workers (prefork -c 2 each)")
+    ax.set_ylabel("tasks/s (empty bodies)")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Throughput by fleet size, one 2-core machine running everything")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+
+
+if __name__ == "__main__":
+    main()

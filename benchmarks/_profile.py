@@ -11,6 +11,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -19,7 +20,8 @@ _LINE = re.compile(r" \(([^()]*?)(?::\d+)?\)$")
 
 def start(pid: int, out: Path, rate: int = 250) -> subprocess.Popen[bytes] | None:
     """Start sampling ``pid`` into ``out``; None when py-spy is not installed."""
-    binary = shutil.which("py-spy")
+    beside = Path(sys.executable).parent / "py-spy"  # a virtualenv's, not on PATH unactivated
+    binary = str(beside) if beside.exists() else shutil.which("py-spy")
     if binary is None:
         return None
     return subprocess.Popen(

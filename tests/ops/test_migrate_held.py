@@ -64,7 +64,9 @@ def test_countdown_tasks_held_by_workers_run_once_after_a_migration_and_a_restar
             publisher.tasks["held.record"].apply_async((item,), countdown=COUNTDOWN_S)
         # both copies of every task held by the worker, none ready
         assert wait_until(lambda: _held(brokers) == (0, 2 * TASKS), timeout=30), _held(brokers)
-        args = ["queues", "migrate", QUEUE, "--queue-type", "quorum",
+        # the test brokers' API shows queue figures every second (an operator's every 5 s:
+        # the default --settle-s of 5.5 s waits for one fresh figure; 2.2 s for two here)
+        args = ["queues", "migrate", QUEUE, "--queue-type", "quorum", "--settle-s", "2.2",
                 "--broker", brokers.beetle_url, "--redis", redis_url]  # fmt: skip
         for node in brokers.nodes:
             url = f"http://{node.host}:{node.management_port}"

@@ -150,6 +150,10 @@ class Delivery:
         return self.facts.identity
 
 
+#: in a held twin's ``delivery_info`` (kombu's Message shares the dict): traced already
+HELD_MARK = "beetle_held"
+
+
 @dataclass(eq=False)
 class Twin:
     """A copy held before kombu made a Message of it (:meth:`DeliveryGate.hold_twin`): a
@@ -292,7 +296,8 @@ class DeliveryGate(BadInputHandling):
         when the pool handed it back: see :meth:`_pool_handed_back`). Returns what was
         done, for tests and logs. Nothing raises out of here: an error nobody foresaw
         hands the delivery back."""
-        self.stats["delivered"] += 1
+        if not (getattr(message, "delivery_info", None) or {}).get(HELD_MARK):
+            self.stats["delivered"] += 1  # a held twin sent on was counted as it arrived
         try:
             return self._handle(message, task_name, start)
         except Exception:
@@ -306,7 +311,9 @@ class DeliveryGate(BadInputHandling):
         headers = message.headers if message.headers is not None else {}
         message_id = properties.get("message_id")
         scope = scope_of(self.scopes, queue)
-        self._trace("delivered", str(message_id or "")[:200], scope, task_name, message)
+        info = message.delivery_info if message.delivery_info is not None else {}
+        if not info.pop(HELD_MARK, False):  # a held twin sent on was traced as it arrived
+            self._trace("delivered", str(message_id or "")[:200], scope, task_name, message)
         if not message_id:
             return self._bad_input(message, queue, task_name, BadInput.NO_MESSAGE_ID.value, "")
         try:
@@ -352,6 +359,7 @@ class DeliveryGate(BadInputHandling):
         self.stats["delivered"] += 1
         self.stats["twins_held"] += 1
         self._trace("delivered", message_id, key[0], task_name, twin)
+        raw.delivery_info[HELD_MARK] = True
         if in_flight:
             self.stats["waiting"] += 1
             self._waiting.setdefault(key, []).append(twin)

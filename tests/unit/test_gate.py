@@ -715,3 +715,20 @@ def test_a_held_twin_whose_channel_was_reopened_is_neither_acked_nor_sent_on(h):
     done()  # not completed: the twin would go on through the gate
     h.timer.advance()
     assert delivered == [] and other.channel.rejected == []
+
+
+def test_a_held_twin_sent_on_is_traced_and_counted_as_delivered_once(h):
+    h.gate.tracer = tracer = RecordingTracer()
+    h.deliver(Message())
+    raw = Raw()
+    held, delivered = hold(h, raw)
+    assert held
+    _, done = h.started[0]
+    done()  # not completed: the twin goes on through Celery and the gate
+    h.timer.advance()
+    assert delivered == [raw]
+    again = Message(broker="rabbit-b")
+    again.delivery_info = raw.delivery_info  # kombu's Message shares the raw delivery's dict
+    h.deliver(again)
+    assert [ev for ev, _, _ in tracer.events].count("delivered") == 2, "one per copy"
+    assert h.gate.stats["delivered"] == 2

@@ -102,7 +102,10 @@ def latency(
     client = Celery("bench_latency", broker=broker, set_as_current=False)
     client.conf.beetle_redis_url = redis_url
     base = BeetleTask if task_name == BEETLE else None
-    task = client.task(name=task_name, base=base, shared=False)(lambda i: None)
+
+    def body(i: float) -> None: ...
+
+    task = client.task(name=task_name, base=base, shared=False)(body)
     with workers(broker, redis_url, queue, out) as procs, client.producer_or_acquire() as prod:
         task.apply_async((time.time(),), queue=queue, producer=prod)  # declares; warms up
         _wait_for(out, 1, 60, procs)

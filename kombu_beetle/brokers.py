@@ -22,9 +22,11 @@ import amqp
 from kombu.transport import pyamqp
 
 from . import metrics
+from .acks import AckBatcher, Unsettled
 from .errors import BrokerTLSError
 from .identity import client_properties
 from .options import BeetleOptions, BrokerAddress
+from .reader import BufferedTransport
 
 logger = logging.getLogger(__name__)
 
@@ -91,9 +93,39 @@ class BrokerChannel(pyamqp.Channel):
     #: under the same id, with delivery tags counted from 1 again): see :class:`Delivery`
     beetle_incarnation: int = 0
 
+    #: the batcher of the event loop's acks (:mod:`kombu_beetle.acks`), when there is a loop
+    beetle_acks: AckBatcher | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        #: delivery tags received and not settled yet (what makes a multiple ack safe)
+        self.beetle_unsettled = Unsettled()
+        super().__init__(*args, **kwargs)
+
     def _do_revive(self) -> None:
         self.beetle_incarnation += 1
+        self.beetle_unsettled.clear()
+        if self.beetle_acks is not None:
+            self.beetle_acks.forget(self)
         super()._do_revive()
+
+    def _on_basic_deliver(
+        self,
+        consumer_tag: str,
+        delivery_tag: int,
+        redelivered: bool,
+        exchange: str,
+        routing_key: str,
+        msg: Any,
+    ) -> None:
+        if consumer_tag not in (self.no_ack_consumers or ()):
+            self.beetle_unsettled.received(delivery_tag)
+        super()._on_basic_deliver(
+            consumer_tag, delivery_tag, redelivered, exchange, routing_key, msg
+        )
+
+    def _on_get_ok(self, delivery_tag: int, *args: Any) -> Any:
+        self.beetle_unsettled.received(delivery_tag)
+        return super()._on_get_ok(delivery_tag, *args)
 
     def _link_call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         link = self.beetle_link
@@ -110,15 +142,32 @@ class BrokerChannel(pyamqp.Channel):
             return None
 
     def basic_ack(self, delivery_tag: int, multiple: bool = False, **kwargs: Any) -> Any:
+        """On the event loop, the ack waits for the end of the loop pass and goes out with
+        the others (:mod:`kombu_beetle.acks`); elsewhere it is written now."""
+        batch = self.beetle_acks
+        if batch is not None and not multiple and not kwargs and batch.add(self, delivery_tag):
+            return None
+        return self.beetle_write_ack(delivery_tag, multiple, **kwargs)
+
+    def beetle_write_ack(self, delivery_tag: int, multiple: bool = False, **kwargs: Any) -> Any:
+        """Write a ``basic.ack`` now."""
+        self.beetle_unsettled.settled(delivery_tag, multiple)
         return self._link_call(super().basic_ack, delivery_tag, multiple, **kwargs)
 
     def basic_reject(self, delivery_tag: int, requeue: bool = True, **kwargs: Any) -> Any:
+        self.beetle_unsettled.settled(delivery_tag)
         return self._link_call(super().basic_reject, delivery_tag, requeue, **kwargs)
 
     def basic_nack(
         self, delivery_tag: int, multiple: bool = False, requeue: bool = True, **kwargs: Any
     ) -> Any:
+        self.beetle_unsettled.settled(delivery_tag, multiple)
         return self._link_call(super().basic_nack, delivery_tag, multiple, requeue, **kwargs)
+
+    def close(self, *args: Any, **kwargs: Any) -> Any:
+        if self.beetle_acks is not None:  # acks asked for before the close go first
+            self.beetle_acks.flush_channel(self)
+        return super().close(*args, **kwargs)
 
 
 class Delivery(pyamqp.Message):
@@ -187,9 +236,34 @@ def settle_raw(raw: Any, incarnation: int, requeue: bool | None = None) -> bool:
 
 
 class BrokerConnection(pyamqp.Connection):
-    """py-amqp connection whose channels are :class:`BrokerChannel`."""
+    """py-amqp connection whose channels are :class:`BrokerChannel`, reading ahead over
+    plain TCP (:class:`~kombu_beetle.reader.BufferedTransport`)."""
 
     Channel = BrokerChannel
+
+    def Transport(  # py-amqp's name and signature
+        self,
+        host: str,
+        connect_timeout: Any,
+        ssl: Any = False,
+        read_timeout: Any = None,
+        write_timeout: Any = None,
+        socket_settings: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        if ssl:
+            return super().Transport(
+                host, connect_timeout, ssl, read_timeout, write_timeout,
+                socket_settings=socket_settings, **kwargs,
+            )  # fmt: skip
+        return BufferedTransport(
+            host,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            write_timeout=write_timeout,
+            socket_settings=socket_settings,
+            **kwargs,
+        )
 
 
 class BrokerLink:

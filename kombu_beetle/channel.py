@@ -100,6 +100,7 @@ class BeetleChannel(base.StdChannel):
             raise NoBrokerAvailable([link.name], "broker is down")
         sub = link.conn.channel()
         sub.beetle_link = link
+        sub.beetle_acks = self.connection.ack_batcher
         if self.connection.options.confirm_publish:
             sub.confirm_select()
             sub._confirm_selected = True
@@ -122,6 +123,10 @@ class BeetleChannel(base.StdChannel):
     def detach(self, link: BrokerLink) -> None:
         """A broker went away: forget its channel (its deliveries are redelivered)."""
         self._subs.pop(link, None)
+
+    def broker_channels(self) -> list[BrokerChannel]:
+        """This channel's open channel on each broker."""
+        return [sub for _, sub in self._subs.values()]
 
     def forget_all(self, graceful: bool) -> None:
         subs = [sub for _, sub in self._subs.values()]

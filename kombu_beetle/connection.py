@@ -17,11 +17,20 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from .brokers import CAUGHT_ERRORS, BrokerChannel, BrokerLink, BrokerSet, fail_or_raise
+from .acks import AckBatcher
+from .brokers import (
+    CAUGHT_ERRORS,
+    BrokerChannel,
+    BrokerLink,
+    BrokerSet,
+    fail_or_raise,
+    is_link_error,
+)
 from .declarations import DeclarationLog
 from .errors import NoBrokerAvailable
 from .options import BeetleOptions
 from .publish import Publisher
+from .reader import BufferedTransport, read_available
 from .reviver import Reviver
 from .trace import Tracer, get_tracer
 
@@ -70,6 +79,8 @@ class BeetleConnection:
         #: celery_beetle's gate sets it to hold the copies of messages running here)
         self.delivery_filter: Any = None
         self._reviver = Reviver(links, clock=clock)
+        #: acks made on the event loop, written once per loop pass (:mod:`kombu_beetle.acks`)
+        self.ack_batcher: AckBatcher | None = None
         self._loop: Any = None
         self._readers: dict[BrokerLink, Any] = {}
         self._timer: Any = None
@@ -120,6 +131,8 @@ class BeetleConnection:
         if self._closed:
             return
         self._closed = True
+        if self.ack_batcher is not None and graceful:
+            self.ack_batcher.flush()
         self._reviver.stop()
         if self._timer is not None:
             self._timer.cancel()
@@ -248,6 +261,11 @@ class BeetleConnection:
 
     def register_with_event_loop(self, loop: Any) -> None:
         self._loop = loop
+        if self.ack_batcher is None:
+            self.ack_batcher = AckBatcher(loop.call_soon, self._ack_failed)
+            for channel in self.channels:
+                for sub in channel.broker_channels():
+                    sub.beetle_acks = self.ack_batcher
         for link in self.brokers.live():
             self._add_reader(link)
         if self._timer is None:
@@ -274,8 +292,38 @@ class BeetleConnection:
         # buffers would otherwise wait for the next wake-up, perhaps forever.
         if link.generation != generation or not link.alive:
             return
-        if self._read_one(link) and self._loop is not None:
+        more = (
+            self._read_available(link)
+            if isinstance(getattr(link.conn, "transport", None), BufferedTransport)
+            else self._read_one(link)
+        )
+        if more and self._loop is not None:
             self._loop.call_soon(self._on_readable, link, generation)
+
+    def _read_available(self, link: BrokerLink) -> bool:
+        """Every complete frame the broker sent (:func:`~kombu_beetle.reader.read_available`);
+        True when frames are left for the next loop pass. Errors as :meth:`_read_one`."""
+        try:
+            return read_available(link.conn)
+        except OSError as exc:
+            if exc.errno in _UNAVAILABLE and not from_callback(exc):
+                return False
+            fail_or_raise(link, exc)
+        except CAUGHT_ERRORS as exc:
+            fail_or_raise(link, exc)
+        return False
+
+    @staticmethod
+    def _ack_failed(channel: BrokerChannel, exc: BaseException) -> bool:
+        """A batch of acks could not be written: the broker's connection is gone (its
+        messages come back), or True is returned for an error that does not blame it, and
+        the batch writes them one by one as py-amqp would."""
+        link = channel.beetle_link
+        if link is not None and is_link_error(link, exc):
+            link.fail(exc)
+            return False
+        logger.error("beetle: a batch of acks failed (%r); writing them one by one", exc)
+        return True
 
     # -- heartbeats and server info -------------------------------------------------
 
@@ -306,8 +354,12 @@ def _try_connect(link: BrokerLink) -> Any:
 
 
 def _buffered(link: BrokerLink) -> bool:
-    """Bytes already decrypted by TLS are invisible to select(); look for them."""
+    """Bytes already decrypted by TLS, or read ahead (:mod:`kombu_beetle.reader`), are
+    invisible to select(); look for them (a whole frame: a part waits for the rest)."""
     conn = link.conn
+    transport = getattr(conn, "transport", None)
+    if isinstance(transport, BufferedTransport):
+        return transport.frame_buffered()
     sock = getattr(conn, "sock", None)
     pending = getattr(sock, "pending", None)
     try:

@@ -1,0 +1,95 @@
+"""Acks made on the event loop go to each broker once per loop pass (kombu_beetle.acks), on
+real brokers: every message is settled, a held delivery stays unacked, and a multiple ack
+never settles it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kombu import Consumer, Queue
+from kombu.asynchronous import Hub
+
+from kombu_beetle.brokers import Delivery
+
+COUNT = 40
+
+
+def _run_until(hub: Hub, predicate: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not predicate():
+        hub.run_once()
+    return predicate()
+
+
+def _consumer_on_a_hub(brokers, connect, on_message):  # type: ignore[no-untyped-def]
+    conn = connect(brokers.url_for(0, 1), redundant_queues="jobs")
+    producer = conn.Producer()
+    for i in range(COUNT):
+        producer.publish({"n": i}, routing_key="jobs", message_id=f"m{i}", declare=[
+            Queue("jobs", durable=True)
+        ])  # fmt: skip
+    channel = conn.channel()
+    consumer = Consumer(channel, [Queue("jobs", durable=True)], callbacks=[on_message])
+    consumer.qos(prefetch_count=2 * COUNT)
+    consumer.consume()
+    hub = Hub()
+    conn.transport.register_with_event_loop(conn.connection, hub)
+    return conn, hub
+
+
+def _depths(brokers) -> list[tuple[int, int]]:  # type: ignore[no-untyped-def]
+    return [n.queue_depths(brokers.vhost).get("jobs", (-1, -1)) for n in brokers.nodes[:2]]
+
+
+def test_acks_on_the_event_loop_settle_every_copy_in_fewer_writes_than_acks(brokers, connect):
+    seen: list[Delivery] = []
+
+    def on_message(body: Any, message: Delivery) -> None:
+        seen.append(message)
+        message.ack()
+
+    conn, hub = _consumer_on_a_hub(brokers, connect, on_message)
+    try:
+        assert _run_until(hub, lambda: len(seen) == 2 * COUNT, 20), len(seen)
+        batcher = conn.connection.ack_batcher
+        assert _run_until(hub, lambda: not batcher._pending, 5)
+        deadline = time.monotonic() + 20
+        while _depths(brokers) != [(0, 0), (0, 0)] and time.monotonic() < deadline:
+            hub.run_once()
+            time.sleep(0.2)
+        assert _depths(brokers) == [(0, 0), (0, 0)]
+        assert 0 < batcher.writes and batcher.frames < 2 * COUNT, (batcher.writes, batcher.frames)
+    finally:
+        hub.close()
+
+
+def test_a_delivery_held_on_the_event_loop_is_not_settled_by_a_multiple_ack(brokers, connect):
+    held: list[Delivery] = []
+    seen: list[Delivery] = []
+
+    def on_message(body: Any, message: Delivery) -> None:
+        seen.append(message)
+        if body["n"] == 3:
+            held.append(message)  # a countdown task, say: acked much later
+        else:
+            message.ack()
+
+    conn, hub = _consumer_on_a_hub(brokers, connect, on_message)
+    try:
+        assert _run_until(hub, lambda: len(seen) == 2 * COUNT, 20), len(seen)
+        deadline = time.monotonic() + 20
+        while _depths(brokers) != [(0, 1), (0, 1)] and time.monotonic() < deadline:
+            hub.run_once()
+            time.sleep(0.2)
+        assert _depths(brokers) == [(0, 1), (0, 1)]  # the held copies, one per broker
+        for message in held:
+            message.ack()
+        deadline = time.monotonic() + 20
+        while _depths(brokers) != [(0, 0), (0, 0)] and time.monotonic() < deadline:
+            hub.run_once()
+            time.sleep(0.2)
+        assert _depths(brokers) == [(0, 0), (0, 0)]
+    finally:
+        hub.close()

@@ -1,0 +1,158 @@
+"""Acks in batches (kombu_beetle.acks): the pure parts, without a broker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import amqp
+from amqp import spec
+from amqp.serialization import dumps
+
+from kombu_beetle.acks import AckBatcher, Unsettled, ack_frame, frame_lock
+
+
+def test_an_ack_frame_is_the_bytes_py_amqp_writes_for_one() -> None:
+    for tag, multiple in ((1, False), (7, True), (2**40 + 3, False)):
+        args = dumps("Lb", (tag, multiple))
+        payload = b"".join([spec.Basic.Ack[0].to_bytes(2, "big"), (80).to_bytes(2, "big"), args])
+        expected = b"\x01" + (5).to_bytes(2, "big") + len(payload).to_bytes(4, "big")
+        assert ack_frame(5, tag, multiple) == expected + payload + b"\xce"
+
+
+def _unsettled(*tags: int) -> Unsettled:
+    unsettled = Unsettled()
+    for tag in tags:
+        unsettled.received(tag)
+    return unsettled
+
+
+def test_acks_of_the_oldest_unsettled_deliveries_go_as_one_multiple_ack() -> None:
+    unsettled = _unsettled(1, 2, 3, 4, 5)
+    assert unsettled.take([3, 1, 2]) == (3, [])
+    assert list(unsettled._tags) == [4, 5]
+
+
+def test_a_held_delivery_stops_the_multiple_ack_and_the_rest_go_singly() -> None:
+    unsettled = _unsettled(1, 2, 3, 4, 5, 6)
+    # 3 is held (a countdown task): a multiple ack of 4 would settle it too
+    assert unsettled.take([1, 2, 4, 5]) == (2, [4, 5])
+    assert list(unsettled._tags) == [3, 6]
+    assert unsettled.take([6]) == (0, [6])
+
+
+def test_one_ack_alone_is_never_sent_as_multiple() -> None:
+    unsettled = _unsettled(1, 2)
+    assert unsettled.take([1]) == (0, [1])
+
+
+def test_an_ack_of_a_tag_not_unsettled_here_turns_off_multiple_for_its_batch() -> None:
+    unsettled = _unsettled(2, 3, 4)
+    assert unsettled.take([1, 2, 3]) == (0, [1, 2, 3])
+
+
+def test_settling_with_multiple_forgets_every_older_tag() -> None:
+    unsettled = _unsettled(1, 2, 3, 4)
+    unsettled.settled(3, multiple=True)
+    assert list(unsettled._tags) == [4]
+
+
+class _Channel:
+    def __init__(self, conn: Any, channel_id: int = 1) -> None:
+        self.connection = conn
+        self.channel_id = channel_id
+        self.is_open = True
+        self.beetle_unsettled = Unsettled()
+        self.written: list[tuple[int, bool]] = []
+
+    def beetle_write_ack(self, tag: int, multiple: bool = False) -> None:
+        self.written.append((tag, multiple))
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+
+class _Conn:
+    def __init__(self) -> None:
+        import threading
+
+        lock = threading.Lock()
+
+        def write_frame(*args: Any) -> None:  # py-amqp's closure holds its lock
+            with lock:
+                pass
+
+        self._frame_writer = write_frame
+        self.lock = lock
+        self.transport = _Transport()
+        self.bytes_sent = 0
+
+
+def _batcher() -> tuple[AckBatcher, list[Any]]:
+    soon: list[Any] = []
+    return AckBatcher(soon.append, lambda channel, exc: False), soon
+
+
+def test_acks_of_one_loop_pass_are_written_once_per_connection() -> None:
+    conn = _Conn()
+    first, second = _Channel(conn, 1), _Channel(conn, 2)
+    for tag in (1, 2, 3):
+        first.beetle_unsettled.received(tag)
+        second.beetle_unsettled.received(tag)
+    batcher, soon = _batcher()
+    assert batcher.add(first, 1) and batcher.add(first, 2) and batcher.add(second, 3)
+    assert len(soon) == 1  # one flush scheduled for the pass
+    assert conn.transport.writes == []  # nothing written before the pass ends
+    soon.pop()()
+    assert conn.transport.writes == [ack_frame(1, 2, True) + ack_frame(2, 3)]
+    assert conn.bytes_sent == 2
+    assert (batcher.writes, batcher.frames) == (1, 2)
+
+
+def test_acks_of_a_channel_reopened_meanwhile_are_dropped() -> None:
+    conn = _Conn()
+    channel = _Channel(conn)
+    channel.beetle_unsettled.received(1)
+    batcher, soon = _batcher()
+    batcher.add(channel, 1)
+    batcher.forget(channel)  # BrokerChannel._do_revive: the broker gave the message back
+    soon.pop()()
+    assert conn.transport.writes == []
+
+
+def test_acks_from_another_thread_are_left_to_the_caller() -> None:
+    import threading
+
+    batcher, _ = _batcher()
+    taken: list[bool] = []
+    thread = threading.Thread(target=lambda: taken.append(batcher.add(_Channel(_Conn()), 1)))
+    thread.start()
+    thread.join()
+    assert taken == [False]
+
+
+def test_a_batch_write_that_fails_without_blaming_the_broker_is_written_singly() -> None:
+    conn = _Conn()
+    channel = _Channel(conn)
+    channel.beetle_unsettled.received(1)
+
+    def broken(data: bytes) -> None:
+        raise TypeError("a bug")
+
+    conn.transport.write = broken  # type: ignore[method-assign]
+    soon: list[Any] = []
+    batcher = AckBatcher(soon.append, lambda channel, exc: True)
+    batcher.add(channel, 1)
+    soon.pop()()
+    assert channel.written == [(1, False)]
+
+
+def test_the_frame_lock_is_found_in_py_amqps_frame_writer() -> None:
+    conn = amqp.Connection("127.0.0.1:1")
+    conn.frame_writer = amqp.method_framing.frame_writer(conn, _Transport())
+    assert frame_lock(conn) is not None
+    assert frame_lock(object()) is None

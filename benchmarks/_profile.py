@@ -18,15 +18,18 @@ from pathlib import Path
 _LINE = re.compile(r" \(([^()]*?)(?::\d+)?\)$")
 
 
-def start(pid: int, out: Path, rate: int = 250) -> subprocess.Popen[bytes] | None:
-    """Start sampling ``pid`` into ``out``; None when py-spy is not installed."""
+def start(
+    pid: int, out: Path, rate: int = 250, subprocesses: bool = False
+) -> subprocess.Popen[bytes] | None:
+    """Start sampling ``pid`` (and with ``subprocesses`` its children: a prefork pool) into
+    ``out``; None when py-spy is not installed."""
     beside = Path(sys.executable).parent / "py-spy"  # a virtualenv's, not on PATH unactivated
     binary = str(beside) if beside.exists() else shutil.which("py-spy")
     if binary is None:
         return None
     return subprocess.Popen(
         [binary, "record", "-p", str(pid), "-r", str(rate), "-f", "raw", "-o", str(out),
-         "--nonblocking"],
+         "--nonblocking", *(["--subprocesses"] if subprocesses else [])],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip

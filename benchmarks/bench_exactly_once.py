@@ -184,6 +184,7 @@ def _gate_stats(sender: Any = None, **kwargs: Any) -> None:
 # -- the driver ------------------------------------------------------------------------------
 
 BODY_MS = 0.0
+PROFILE_POOL = False
 
 
 def run_worker(
@@ -240,7 +241,7 @@ def run_worker(
                 first_cpu, first_done = tree_cpu_s(proc.pid), done
                 meter.start()
                 if profile is not None:
-                    sampler = _profile.start(proc.pid, profile)
+                    sampler = _profile.start(proc.pid, profile, subprocesses=PROFILE_POOL)
             time.sleep(0.02)
         _profile.stop(sampler)
         if first_cpu is not None:
@@ -454,9 +455,15 @@ def main() -> None:
         help="py-spy the worker's main process in the last round's plain and beetle runs; "
         "raw profiles and their summaries go to this directory",
     )
+    parser.add_argument(
+        "--profile-pool",
+        action="store_true",
+        help="with --profile, sample the pool processes too (each process's share printed)",
+    )
     opts = parser.parse_args()
-    global BODY_MS
+    global BODY_MS, PROFILE_POOL
     BODY_MS = opts.body_ms
+    PROFILE_POOL = opts.profile_pool
 
     from benchmarks._nodes import rabbit_ports
     from tests.harness.redis_server import RedisServer

@@ -14,7 +14,12 @@ queues filled first, the clock runs from the first run to the last. ``--plot`` d
 Usage::
 
     python -m benchmarks.bench_latency [--tasks 3000] [--rates 0.5,0.9] [--scaling]
-        [--plot docs/_static/scaling.png]
+        [--plot docs/_static/scaling.png] [--breakdown]
+
+``--breakdown`` runs BeetleTask once more at the first rate with trace events on and prints
+where its publish-to-completion goes: publish to the gate's delivery, the gate to the pool's
+stored start, the start to the stored completion (p50, p99, and each stage's share of the
+slowest 1 %).
 
 Brokers from ``benchmarks/_nodes.py``, a throwaway Redis; the workers are
 ``benchmarks.bench_exactly_once``'s app.
@@ -45,7 +50,13 @@ PLAIN, BEETLE = "bench.plain", "bench.beetle"
 
 @contextlib.contextmanager
 def workers(
-    broker: str, redis_url: str, queue: str, out: Path, count: int = 1, concurrency: int = 2
+    broker: str,
+    redis_url: str,
+    queue: str,
+    out: Path,
+    count: int = 1,
+    concurrency: int = 2,
+    env: dict[str, str] | None = None,
 ) -> Iterator[list[subprocess.Popen[bytes]]]:
     """``count`` workers of the benchmark app on ``queue``, writing their runs to ``out``."""
     env = {
@@ -54,6 +65,7 @@ def workers(
         "BENCH_REDIS": redis_url,
         "BENCH_OUT": str(out),
         "PYTHONPATH": str(ROOT),
+        **(env or {}),
     }
     out.touch()
     procs = []
@@ -94,19 +106,30 @@ def _wait_for(out: Path, count: int, timeout: float, procs: list[subprocess.Pope
 
 
 def latency(
-    broker: str, redis_url: str, task_name: str, rate: float, tasks: int, tmp: Path
+    broker: str,
+    redis_url: str,
+    task_name: str,
+    rate: float,
+    tasks: int,
+    tmp: Path,
+    trace_dir: Path | None = None,
 ) -> tuple[float, float, float]:
-    """p50 and p99 publish-to-completion (ms) at ``rate`` tasks/s, and the rate sent."""
+    """p50 and p99 publish-to-completion (ms) at ``rate`` tasks/s, and the rate sent.
+    With ``trace_dir``, publisher and worker write trace events there (:func:`breakdown`)."""
     queue = f"lat-{task_name.split('.')[1]}-{int(rate)}-{time.monotonic_ns()}"
     out = tmp / f"{queue}.out"
     client = Celery("bench_latency", broker=broker, set_as_current=False)
     client.conf.beetle_redis_url = redis_url
+    if trace_dir is not None:
+        client.conf.beetle_trace_dir = str(trace_dir)
     base = BeetleTask if task_name == BEETLE else None
 
     def body(i: float) -> None: ...
 
     task = client.task(name=task_name, base=base, shared=False)(body)
-    with workers(broker, redis_url, queue, out) as procs, client.producer_or_acquire() as prod:
+    env = {"BENCH_TRACE": str(trace_dir)} if trace_dir is not None else {}
+    with workers(broker, redis_url, queue, out, env=env) as procs, client.producer_or_acquire(
+    ) as prod:  # fmt: skip
         task.apply_async((time.time(),), queue=queue, producer=prod)  # declares; warms up
         _wait_for(out, 1, 60, procs)
         start = time.monotonic()
@@ -119,9 +142,62 @@ def latency(
         _wait_for(out, tasks + 1, 120, procs)
     client.close()
     waits = sorted(ran - sent for ran, sent in _runs(out)[1 + tasks // 10 :])  # warmed up
-    p50 = waits[len(waits) // 2] * 1000
-    p99 = waits[min(len(waits) - 1, int(len(waits) * 0.99))] * 1000
-    return p50, p99, sent_rate
+    return _pct(waits, 0.5) * 1000, _pct(waits, 0.99) * 1000, sent_rate
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
+#: a message's way from the publisher to its body, as the trace records it
+STAGES = (
+    ("published", "publish -> delivered to the gate"),
+    ("delivered", "gate -> pool start stored"),
+    ("started", "pool start -> completion stored"),
+)
+
+
+def breakdown(trace_dir: Path) -> list[str]:
+    """Where a BeetleTask's publish-to-completion goes, stage by stage (ms), from the trace
+    events of one :func:`latency` run: p50 and p99 of each stage, and the mean of each
+    stage over the slowest 1 % of messages (the tail), so a reader sees which stage makes
+    the tail."""
+    import json
+
+    times: dict[str, dict[str, int]] = {}
+    for path in trace_dir.rglob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            kind = event.get("event")
+            if kind not in ("published", "delivered", "started", "completed"):
+                continue
+            seen = times.setdefault(event["message_id"], {})
+            seen[kind] = min(seen.get(kind, event["ts_ms"]), event["ts_ms"])
+    whole = [t for t in times.values() if len(t) == 4]
+    whole = whole[len(whole) // 10 :]  # warmed up
+    if not whole:
+        return ["(no complete messages in the trace)"]
+    order = ("published", "delivered", "started", "completed")
+    total = sorted(whole, key=lambda t: t["completed"] - t["published"])
+    tail = total[int(len(total) * 0.99) :]
+    lines = [
+        f"{len(whole)} messages traced; publish -> completion stored: "
+        f"p50 {_pct([t['completed'] - t['published'] for t in whole], 0.5)} ms, "
+        f"p99 {_pct([t['completed'] - t['published'] for t in whole], 0.99)} ms; "
+        f"the slowest {len(tail)}:"
+    ]
+    for (start, label), end in zip(STAGES, order[1:], strict=True):
+        spans = [t[end] - t[start] for t in whole]
+        mean_tail = sum(t[end] - t[start] for t in tail) / len(tail)
+        lines.append(
+            f"  {label:38} p50 {_pct(spans, 0.5):5} ms  p99 {_pct(spans, 0.99):5} ms  "
+            f"tail mean {mean_tail:7.1f} ms"
+        )
+    return lines
 
 
 def scaling_rate(
@@ -143,6 +219,12 @@ def main() -> None:
     parser.add_argument("--rates", default="0.5,0.9", help="fractions of BeetleTask's peak")
     parser.add_argument("--scaling", action="store_true")
     parser.add_argument("--plot", type=Path, help="draw the scaling figure into this PNG")
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also run BeetleTask at the first rate with trace events on, and print where "
+        "its latency goes, stage by stage",
+    )
     opts = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-lat-"))
     server = RedisServer(tmp / "redis")
@@ -176,6 +258,19 @@ def main() -> None:
                     f"BeetleTask p50 {beetle[0]:.1f} ms p99 {beetle[1]:.1f} ms; "
                     f"p99 beetle/plain {beetle[1] / plain[1]:.2f} (target <= 1.3)"
                 )
+            if opts.breakdown:
+                fraction = float(opts.rates.split(",")[0])
+                trace_dir = tmp / "trace"
+                p50, p99, _ = latency(
+                    both, server.url, BEETLE, fraction * peaks[BEETLE], opts.tasks, tmp,
+                    trace_dir=trace_dir,
+                )  # fmt: skip
+                print(
+                    f"BeetleTask at {fraction:.0%} with trace events on: p50 {p50:.1f} ms, "
+                    f"p99 {p99:.1f} ms; by stage (trace clock, ms):"
+                )
+                for line in breakdown(trace_dir):
+                    print(f"  {line}")
             if opts.scaling:
                 scale(single, beetle_url, server.url, opts, tmp)
     finally:

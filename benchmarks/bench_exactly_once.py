@@ -151,6 +151,26 @@ class TransportDedup(bootsteps.StartStopStep):
         c.connection._connection.delivery_filter = second_copy_dropped
 
 
+def _gc_pauses() -> dict[int, list[float]]:
+    """Each garbage collection's pause in this process, by generation (seconds): a pause of
+    the worker's main process holds every delivery in it, so it shows in the latency tail."""
+    import gc
+
+    pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
+    began: list[float] = []
+
+    def timed(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            began[:] = [time.perf_counter()]
+        elif began:
+            pauses[info["generation"]].append(time.perf_counter() - began[0])
+
+    gc.callbacks.append(timed)
+    return pauses
+
+
+GC_PAUSES = _gc_pauses() if os.environ.get("BENCH_GC") else None
+
 if os.environ.get("BENCH_MEMORY_DEDUP"):
     app.steps["consumer"].add(MemoryDedup)
 if os.environ.get("BENCH_TRANSPORT_DEDUP"):
@@ -174,6 +194,15 @@ def _pool_stats(**kwargs: Any) -> None:
 def _gate_stats(sender: Any = None, **kwargs: Any) -> None:
     from celery_beetle.run import _stores
 
+    if GC_PAUSES is not None:
+        _dump(
+            "gc",
+            {
+                f"gen{gen}": {"count": len(p), "max_ms": 1000 * max(p, default=0.0),
+                              "total_ms": 1000 * sum(p)}
+                for gen, p in GC_PAUSES.items()
+            },
+        )  # fmt: skip
     step = getattr(getattr(sender, "consumer", None), "beetle_gate", None)
     gate = getattr(step, "gate", None)
     if gate is not None:

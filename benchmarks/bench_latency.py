@@ -127,7 +127,10 @@ def latency(
     def body(i: float) -> None: ...
 
     task = client.task(name=task_name, base=base, shared=False)(body)
-    env = {"BENCH_TRACE": str(trace_dir)} if trace_dir is not None else {}
+    stats = tmp / f"{queue}.stats"
+    env = {"BENCH_GC": "1", "BENCH_STATS": str(stats)}
+    if trace_dir is not None:
+        env["BENCH_TRACE"] = str(trace_dir)
     with workers(broker, redis_url, queue, out, env=env) as procs, client.producer_or_acquire(
     ) as prod:  # fmt: skip
         task.apply_async((time.time(),), queue=queue, producer=prod)  # declares; warms up
@@ -142,7 +145,28 @@ def latency(
         _wait_for(out, tasks + 1, 120, procs)
     client.close()
     waits = sorted(ran - sent for ran, sent in _runs(out)[1 + tasks // 10 :])  # warmed up
+    GC_SEEN[task_name] = _gc_line(stats)
     return _pct(waits, 0.5) * 1000, _pct(waits, 0.99) * 1000, sent_rate
+
+
+#: the last run's garbage collections in the worker's main process, by task name
+GC_SEEN: dict[str, str] = {}
+
+
+def _gc_line(stats: Path) -> str:
+    """The worker main process's collections (count, longest pause) from its stats file."""
+    import json
+
+    if not stats.exists():
+        return "gc: (no stats)"
+    for line in stats.read_text().splitlines():
+        row = json.loads(line)
+        if row.get("kind") == "gc":
+            return "gc: " + ", ".join(
+                f"gen{g} {row[f'gen{g}']['count']}x max {row[f'gen{g}']['max_ms']:.1f} ms"
+                for g in (0, 1, 2)
+            )
+    return "gc: (no stats)"
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -258,6 +282,8 @@ def main() -> None:
                     f"BeetleTask p50 {beetle[0]:.1f} ms p99 {beetle[1]:.1f} ms; "
                     f"p99 beetle/plain {beetle[1] / plain[1]:.2f} (target <= 1.3)"
                 )
+                print(f"  worker main process, plain {GC_SEEN.get(PLAIN)}")
+                print(f"  worker main process, BeetleTask {GC_SEEN.get(BEETLE)}")
             if opts.breakdown:
                 fraction = float(opts.rates.split(",")[0])
                 trace_dir = tmp / "trace"

@@ -164,6 +164,14 @@ class BrokerChannel(pyamqp.Channel):
         self.beetle_unsettled.settled(delivery_tag, multiple)
         return self._link_call(super().basic_nack, delivery_tag, multiple, requeue, **kwargs)
 
+    def basic_recover(self, requeue: bool = False) -> Any:
+        """The broker delivers again what this channel holds, under new tags: the old ones
+        are not unsettled any more (a multiple ack must not count on them)."""
+        if self.beetle_acks is not None:
+            self.beetle_acks.flush_channel(self)
+        self.beetle_unsettled.clear()
+        return super().basic_recover(requeue)
+
     def close(self, *args: Any, **kwargs: Any) -> Any:
         if self.beetle_acks is not None:  # acks asked for before the close go first
             self.beetle_acks.flush_channel(self)

@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery, bootsteps
-from celery.signals import worker_process_shutdown, worker_shutdown
+from celery.signals import worker_process_shutdown, worker_ready, worker_shutdown
 from kombu import Connection
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -170,6 +170,15 @@ def _gc_pauses() -> dict[int, list[float]]:
 
 
 GC_PAUSES = _gc_pauses() if os.environ.get("BENCH_GC") else None
+
+if os.environ.get("BENCH_GC_FREEZE"):  # an experiment: start-up objects out of the collector
+
+    @worker_ready.connect
+    def _freeze(**kwargs: Any) -> None:
+        import gc
+
+        gc.freeze()
+
 
 if os.environ.get("BENCH_MEMORY_DEDUP"):
     app.steps["consumer"].add(MemoryDedup)

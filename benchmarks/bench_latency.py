@@ -40,6 +40,7 @@ from pathlib import Path
 
 from celery import Celery
 
+import celery_beetle
 from benchmarks._nodes import rabbit_ports
 from benchmarks.bench_exactly_once import ROOT, fill, run_worker
 from celery_beetle import BeetleTask
@@ -120,8 +121,9 @@ def latency(
     out = tmp / f"{queue}.out"
     client = Celery("bench_latency", broker=broker, set_as_current=False)
     client.conf.beetle_redis_url = redis_url
-    if trace_dir is not None:
+    if trace_dir is not None:  # the publisher traces through the transport's option
         client.conf.beetle_trace_dir = str(trace_dir)
+        celery_beetle.install(client)
     base = BeetleTask if task_name == BEETLE else None
 
     def body(i: float) -> None: ...
@@ -129,6 +131,8 @@ def latency(
     task = client.task(name=task_name, base=base, shared=False)(body)
     stats = tmp / f"{queue}.stats"
     env = {"BENCH_GC": "1", "BENCH_STATS": str(stats)}
+    if GC_FREEZE:
+        env["BENCH_GC_FREEZE"] = "1"
     if trace_dir is not None:
         env["BENCH_TRACE"] = str(trace_dir)
     with workers(broker, redis_url, queue, out, env=env) as procs, client.producer_or_acquire(
@@ -149,6 +153,8 @@ def latency(
     return _pct(waits, 0.5) * 1000, _pct(waits, 0.99) * 1000, sent_rate
 
 
+#: ``--gc-freeze``: the workers freeze their start-up objects out of the collector
+GC_FREEZE = False
 #: the last run's garbage collections in the worker's main process, by task name
 GC_SEEN: dict[str, str] = {}
 
@@ -249,7 +255,14 @@ def main() -> None:
         help="also run BeetleTask at the first rate with trace events on, and print where "
         "its latency goes, stage by stage",
     )
+    parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="an experiment: the workers call gc.freeze() once ready (both kinds)",
+    )
     opts = parser.parse_args()
+    global GC_FREEZE
+    GC_FREEZE = opts.gc_freeze
     tmp = Path(tempfile.mkdtemp(prefix="bench-lat-"))
     server = RedisServer(tmp / "redis")
     server.start()

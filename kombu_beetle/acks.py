@@ -2,10 +2,12 @@
 
 A redundant message is delivered twice, and both copies are acked: on one broker per copy.
 py-amqp writes every ack as its own frame and its own ``sendall``, and on loopback or a fast
-LAN a send costs the sender the whole TCP path (and wakes the broker) however small the
-frame. So acks made on Celery's event loop are not written at once: :class:`AckBatcher`
-collects them per broker channel, and writes them when the loop pass ends (``call_soon``,
-before the hub polls again), all of one connection's in one ``write``:
+LAN a send costs the sender the whole TCP path and a wake-up of the broker however small the
+frame (on a virtual machine a wake-up of another CPU is dearer still: in the benchmarks the
+acks' writes were a fifth of the worker's main process). So acks made on Celery's event loop
+are not written at once: :class:`AckBatcher` collects them per broker channel for
+:data:`ACK_DELAY_S` (or until :data:`ACK_BATCH_MAX` wait), then writes all of one
+connection's in one ``write``:
 
 - a run of acks that covers every delivery still unsettled on the channel from the oldest
   up goes as **one** ``basic.ack`` with ``multiple=True`` (the broker settles the run at
@@ -20,7 +22,9 @@ go one by one. Rejects and nacks are never delayed (a requeue should reach the b
 once); they only leave the unsettled set.
 
 An ack is never sent earlier than asked, only a little later: a worker killed in between
-leaves the message unacked, and the broker delivers it again (the dedup store drops it).
+leaves the message unacked, and the broker delivers it again (the dedup store drops it). The
+delay is short beside a task (a millisecond): a message waiting for its ack still counts in
+the broker's prefetch window, so a long one would narrow the window.
 Acks of a channel closed and reopened since (py-amqp reopens the same object, with tags
 counted from 1 again) are dropped with its unsettled set: the broker gave those messages
 back. Acks from other threads (the threads pool's callbacks) are written at once, as before,
@@ -39,6 +43,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["AckBatcher", "Unsettled", "ack_frame", "frame_lock"]
 
+#: how long acks wait for others before they are written
+ACK_DELAY_S = 0.001
+#: acks waiting at which they are written without waiting longer
+ACK_BATCH_MAX = 64
 _FRAME_END = b"\xce"
 #: AMQP method frame (type 1) carrying basic.ack (class 60, method 80): tag, multiple bit
 _ACK_HEADER = struct.Struct(">BHI")
@@ -131,16 +139,20 @@ class Unsettled:
 class AckBatcher:
     """Acks made on the event loop's thread, written once per loop pass (see the module).
 
-    ``call_soon(fn)``: the hub's; ``on_error(channel, exc)``: what a failed write means for
+    ``call_later(seconds, fn)``: the hub's (``call_soon`` for 0); ``on_error(channel, exc)``:
+    what a failed write means for
     the channel's broker (the connection blames the link, as any failed ack would, and
     returns False; True asks for the acks to be written one by one instead)."""
 
     def __init__(
         self,
-        call_soon: Callable[[Callable[[], None]], Any],
+        call_later: Callable[[float, Callable[[], None]], Any],
         on_error: Callable[[Any, BaseException], bool],
+        delay_s: float = ACK_DELAY_S,
     ) -> None:
-        self._call_soon = call_soon
+        self._call_later = call_later
+        self.delay_s = delay_s
+        self._waiting = 0
         self._on_error = on_error
         self._thread = threading.get_ident()
         #: channel -> tags to ack, in the order asked
@@ -159,15 +171,22 @@ class AckBatcher:
         if tags is None:
             tags = self._pending[channel] = []
         tags.append(delivery_tag)
-        if not self._scheduled:
+        self._waiting += 1
+        if self._waiting >= ACK_BATCH_MAX:
+            self.flush()
+        elif not self._scheduled:
             self._scheduled = True
-            self._call_soon(self.flush)
+            self._call_later(self.delay_s, self._on_timer)
         return True
+
+    def _on_timer(self) -> None:
+        self._scheduled = False
+        self.flush()
 
     def forget(self, channel: Any) -> None:
         """Drop the acks waiting for ``channel`` (closed and reopened: the broker gave the
         messages back)."""
-        self._pending.pop(channel, None)
+        self._waiting -= len(self._pending.pop(channel, ()))
 
     def pending(self, channel: Any) -> list[int]:
         return list(self._pending.get(channel, ()))
@@ -175,13 +194,14 @@ class AckBatcher:
     def flush_channel(self, channel: Any) -> None:
         """Write ``channel``'s waiting acks now (it is about to close)."""
         tags = self._pending.pop(channel, None)
+        self._waiting -= len(tags or ())
         if tags and channel.connection is not None and channel.is_open:
             self._write_or_fail(channel.connection, [(channel, _acks(channel, tags))])
 
     def flush(self) -> None:
         """Write every waiting ack: one write per connection."""
-        self._scheduled = False
         pending, self._pending = self._pending, {}
+        self._waiting = 0
         by_conn: dict[Any, list[tuple[Any, list[tuple[int, bool]]]]] = {}
         for channel, tags in pending.items():
             conn = channel.connection

@@ -262,7 +262,7 @@ class BeetleConnection:
     def register_with_event_loop(self, loop: Any) -> None:
         self._loop = loop
         if self.ack_batcher is None:
-            self.ack_batcher = AckBatcher(loop.call_soon, self._ack_failed)
+            self.ack_batcher = AckBatcher(self._call_later, self._ack_failed)
             for channel in self.channels:
                 for sub in channel.broker_channels():
                     sub.beetle_acks = self.ack_batcher
@@ -312,6 +312,10 @@ class BeetleConnection:
         except CAUGHT_ERRORS as exc:
             fail_or_raise(link, exc)
         return False
+
+    def _call_later(self, seconds: float, fn: Callable[[], None]) -> Any:
+        loop = self._loop
+        return loop.call_soon(fn) if seconds <= 0 else loop.call_later(seconds, fn)
 
     @staticmethod
     def _ack_failed(channel: BrokerChannel, exc: BaseException) -> bool:

@@ -60,7 +60,7 @@ def test_acks_on_the_event_loop_settle_every_copy_in_fewer_writes_than_acks(brok
             hub.run_once()
             time.sleep(0.2)
         assert _depths(brokers) == [(0, 0), (0, 0)]
-        assert 0 < batcher.writes and batcher.frames < 2 * COUNT, (batcher.writes, batcher.frames)
+        assert batcher.writes > 0 and batcher.frames < 2 * COUNT, (batcher.writes, batcher.frames)
     finally:
         hub.close()
 
@@ -76,7 +76,7 @@ def test_a_delivery_held_on_the_event_loop_is_not_settled_by_a_multiple_ack(brok
         else:
             message.ack()
 
-    conn, hub = _consumer_on_a_hub(brokers, connect, on_message)
+    _, hub = _consumer_on_a_hub(brokers, connect, on_message)
     try:
         assert _run_until(hub, lambda: len(seen) == 2 * COUNT, 20), len(seen)
         deadline = time.monotonic() + 20

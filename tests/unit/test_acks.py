@@ -94,7 +94,7 @@ class _Conn:
 
 def _batcher() -> tuple[AckBatcher, list[Any]]:
     soon: list[Any] = []
-    return AckBatcher(soon.append, lambda channel, exc: False), soon
+    return AckBatcher(lambda seconds, fn: soon.append(fn), lambda channel, exc: False), soon
 
 
 def test_acks_of_one_loop_pass_are_written_once_per_connection() -> None:
@@ -105,7 +105,7 @@ def test_acks_of_one_loop_pass_are_written_once_per_connection() -> None:
         second.beetle_unsettled.received(tag)
     batcher, soon = _batcher()
     assert batcher.add(first, 1) and batcher.add(first, 2) and batcher.add(second, 3)
-    assert len(soon) == 1  # one flush scheduled for the pass
+    assert len(soon) == 1  # one flush scheduled, a moment later
     assert conn.transport.writes == []  # nothing written before the pass ends
     soon.pop()()
     assert conn.transport.writes == [ack_frame(1, 2, True) + ack_frame(2, 3)]
@@ -145,7 +145,7 @@ def test_a_batch_write_that_fails_without_blaming_the_broker_is_written_singly()
 
     conn.transport.write = broken  # type: ignore[method-assign]
     soon: list[Any] = []
-    batcher = AckBatcher(soon.append, lambda channel, exc: True)
+    batcher = AckBatcher(lambda seconds, fn: soon.append(fn), lambda channel, exc: True)
     batcher.add(channel, 1)
     soon.pop()()
     assert channel.written == [(1, False)]
@@ -156,3 +156,17 @@ def test_the_frame_lock_is_found_in_py_amqps_frame_writer() -> None:
     conn.frame_writer = amqp.method_framing.frame_writer(conn, _Transport())
     assert frame_lock(conn) is not None
     assert frame_lock(object()) is None
+
+
+def test_acks_are_written_at_once_when_many_wait() -> None:
+    from kombu_beetle.acks import ACK_BATCH_MAX
+
+    conn = _Conn()
+    channel = _Channel(conn)
+    batcher, soon = _batcher()
+    for tag in range(1, ACK_BATCH_MAX + 1):
+        channel.beetle_unsettled.received(tag)
+        batcher.add(channel, tag)
+    assert conn.transport.writes == [ack_frame(1, ACK_BATCH_MAX, True)]
+    soon.pop()()  # the timer finds nothing left
+    assert len(conn.transport.writes) == 1

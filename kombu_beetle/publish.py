@@ -19,6 +19,7 @@ does.  For redundant messages the worker side deduplicates the extra copy.
 from __future__ import annotations
 
 import logging
+import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from typing import Any
 
 import amqp
 from amqp import spec
-from amqp.exceptions import MessageNacked
+from amqp.exceptions import FrameSyntaxError, MessageNacked
 
 from . import metrics
 from .brokers import CAUGHT_ERRORS, BrokerChannel, BrokerLink, BrokerSet, fail_or_raise
@@ -37,8 +38,8 @@ from .envelope import (
     is_redundant,
     stamp_redundant,
 )
-from .errors import MessageTooLarge, NoBrokerAvailable, PublishNotConfirmed
-from .frames import body_size, write_publish
+from .errors import MessageTooLarge, NoBrokerAvailable, PublishNotConfirmed, UnencodableMessage
+from .frames import body_size, serialize_properties, write_publish
 from .options import BeetleOptions
 from .scopes import scope_of
 from .trace import NullTracer, Tracer
@@ -46,6 +47,8 @@ from .trace import NullTracer, Tracer
 logger = logging.getLogger(__name__)
 
 _CONFIRMS = [spec.Basic.Ack, spec.Basic.Nack]
+#: what py-amqp's serializer raises for a property or header value AMQP cannot carry
+_ENCODING_ERRORS = (TypeError, ValueError, KeyError, OverflowError, struct.error, FrameSyntaxError)
 
 
 def _trace(
@@ -101,6 +104,8 @@ class Copies:
     nacked: bool = False
     #: the frames of a redundant message, by channel number: built once, written to each
     encoded: dict[int, bytes] | None = None
+    #: the serialized properties, when made ahead (``publish_many`` checks them that way)
+    properties: bytes | None = None
 
     @property
     def missing(self) -> int:
@@ -205,6 +210,7 @@ class Publisher:
         """Write the missing copies to the next live brokers; return those written to."""
         batch: list[tuple[BrokerLink, BrokerChannel]] = []
         candidates, message, encoded = copies.candidates, copies.message, copies.encoded
+        properties = copies.properties
         missing = copies.missing
         while len(batch) < missing and copies.position < len(candidates):
             link = candidates[copies.position]
@@ -213,7 +219,9 @@ class Publisher:
                 continue
             try:
                 sub = self.sub_for(link)
-                write_publish(sub, message, exchange, routing_key, mandatory, immediate, encoded)
+                write_publish(
+                    sub, message, exchange, routing_key, mandatory, immediate, encoded, properties
+                )
             except CAUGHT_ERRORS as exc:
                 copies.failed.append(link.name)
                 fail_or_raise(link, exc)
@@ -296,6 +304,9 @@ class Publisher:
         the next broker when one fails, ``published`` traced), and its :class:`Outcome` says
         which brokers confirmed it; an error (too large, a bad expiry, no broker took it)
         is returned in its outcome, never raised, so one bad message does not fail the rest.
+        A message whose properties or headers AMQP cannot carry fails with
+        :class:`~kombu_beetle.errors.UnencodableMessage`: its properties are serialized once,
+        before anything is written, and those bytes are what every copy carries.
 
         Confirms are matched to messages by delivery tag, so this must be the only way the
         channel publishes (a relay opens a channel of its own): :meth:`publish` on the same
@@ -310,6 +321,14 @@ class Publisher:
             except (MessageTooLarge, InvalidExpiry, NoBrokerAvailable) as exc:
                 outcomes[index] = Outcome([], exc)
                 continue
+            try:
+                copies.properties = serialize_properties(item.message)
+            except _ENCODING_ERRORS as exc:
+                message_id = item.message.properties.get("message_id")
+                outcomes[index] = Outcome([], UnencodableMessage(message_id, exc))
+                continue
+            if copies.encoded is None:  # one copy: written from the same bytes all the same
+                copies.encoded = {}
             flights.append((index, copies, item))
         pending = flights
         while pending:

@@ -43,7 +43,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -53,12 +52,11 @@ from typing import Any
 import amqp
 import sqlalchemy as sa
 from amqp.exceptions import ChannelError
-from amqp.serialization import dumps as amqp_dumps
 
 from celery_beetle.outbox.enqueue import queue_from_spec
 from celery_beetle.outbox.table import ASIDE, OUTBOX
 from kombu_beetle.envelope import InvalidExpiry
-from kombu_beetle.errors import MessageTooLarge, NoBrokerAvailable
+from kombu_beetle.errors import MessageTooLarge, NoBrokerAvailable, UnencodableMessage
 from kombu_beetle.publish import Outgoing
 
 __all__ = [
@@ -197,7 +195,7 @@ class Relay:
                 try:
                     sendable.append((row, _outgoing(row)))
                     continue
-                except (TypeError, ValueError, KeyError, OverflowError, struct.error) as exc:
+                except (TypeError, ValueError, KeyError) as exc:
                     reason = f"bad payload: {type(exc).__name__}: {exc}"
             result.aside[row["id"]] = reason
         if not sendable:
@@ -208,6 +206,8 @@ class Relay:
             if outcome.ok:
                 result.relayed.append(row["id"])
                 result.degraded += outcome.degraded
+            elif isinstance(outcome.error, UnencodableMessage):
+                result.aside[row["id"]] = f"bad payload: {outcome.error}"
             elif isinstance(outcome.error, _ROW_ERRORS):
                 result.aside[row["id"]] = f"{type(outcome.error).__name__}: {outcome.error}"
             else:
@@ -394,16 +394,15 @@ def claim_keyed(
 
 
 def _outgoing(row: Mapping[str, Any]) -> Outgoing:
-    """The AMQP message of a row, checked to serialize (a property or header the broker
-    cannot carry raises here, before anything is written)."""
+    """The AMQP message of a row. Whether its properties and headers serialize is found
+    by ``publish_many``, which serializes them once for every copy and returns
+    :class:`~kombu_beetle.errors.UnencodableMessage` for a row it cannot send."""
     properties = dict(row["properties"] or {})
     headers = dict(row["headers"] or {})
     body = row["body"]
     if not isinstance(body, (bytes, bytearray, memoryview)):
         raise TypeError(f"body is {type(body).__name__}, not bytes")
     message = amqp.Message(bytes(body), application_headers=headers, **properties)
-    message._serialize_properties()
-    amqp_dumps("F", [headers])
     if not row["routing_key"] and not row["exchange"]:
         raise ValueError("no exchange and no routing key: the message would go nowhere")
     return Outgoing(message, row["exchange"] or "", row["routing_key"] or "")

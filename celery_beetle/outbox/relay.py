@@ -132,6 +132,9 @@ class Relay:
         self.tracer = tracer if tracer is not None else channel.connection.tracer
         self.clock = clock
         self._declared: dict[str, float] = {}
+        #: the declarations of the row before, and until when they hold: rows of one queue
+        #: come in runs, and comparing is cheaper than making the keys of ``_declared``
+        self._last_declared: tuple[float, Any, str] = (0.0, None, "")
         #: totals since start: rows claimed, relayed (degraded among them), set aside, failed
         self.counts = dict.fromkeys(("claimed", "relayed", "degraded", "aside", "failed"), 0)
 
@@ -230,19 +233,25 @@ class Relay:
         """Declare the row's queues as Celery's producer would (once a minute per queue);
         with none, check its exchange exists: a publish to a missing exchange would close
         the channel and fail every other publish in flight on it."""
-        specs = list(row["declare"] or ())
-        if not specs and row["exchange"]:
-            specs = [{"check_exchange": row["exchange"]}]
+        declare, exchange = row["declare"], row["exchange"]
         now = time.monotonic()
+        until, last_declare, last_exchange = self._last_declared
+        if until > now and declare == last_declare and exchange == last_exchange:
+            return
+        specs = list(declare or ())
+        if not specs and exchange:
+            specs = [{"check_exchange": exchange}]
+        until = now + DECLARE_TTL_S
         for spec in specs:
             key = json.dumps(spec, sort_keys=True)
-            if self._declared.get(key, 0.0) > now:
-                continue
-            if "check_exchange" in spec:
-                self.channel.exchange_declare(spec["check_exchange"], passive=True)
-            else:
-                queue_from_spec(spec)(self.channel).declare()
-            self._declared[key] = now + DECLARE_TTL_S
+            if self._declared.get(key, 0.0) <= now:
+                if "check_exchange" in spec:
+                    self.channel.exchange_declare(spec["check_exchange"], passive=True)
+                else:
+                    queue_from_spec(spec)(self.channel).declare()
+                self._declared[key] = now + DECLARE_TTL_S
+            until = min(until, self._declared[key])
+        self._last_declared = (until, declare, exchange)
 
     def _trace(self, rows: Iterable[Mapping[str, Any]], result: RelayPass) -> None:
         if not getattr(self.tracer, "enabled", False):

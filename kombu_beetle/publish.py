@@ -374,7 +374,11 @@ class Publisher:
 
 class _Confirms:
     """The confirms one broker owes for the copies written to it, by delivery tag: an ack
-    or nack may settle several at once (``multiple``)."""
+    or nack may settle several at once (``multiple``).
+
+    ``tags`` holds the tags in the order they were written, which is ascending: a multiple
+    confirm settles a run from the front, found without looking at the tags after it.
+    """
 
     def __init__(self, link: BrokerLink, tags: dict[int, tuple[BrokerLink, Copies]]) -> None:
         self.link, self.tags = link, tags
@@ -388,7 +392,15 @@ class _Confirms:
 
     def on_confirm(self, method: Any, tag: int, multiple: bool, *rest: Any) -> None:
         tags, link = self.tags, self.link
-        for t in [t for t in tags if t <= tag] if multiple else [tag]:
+        if multiple:
+            settled = []
+            for t in tags:
+                if t > tag:
+                    break
+                settled.append(t)
+        else:
+            settled = [tag]
+        for t in settled:
             entry = tags.pop(t, None)
             if entry is None:
                 continue

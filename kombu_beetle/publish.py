@@ -296,7 +296,9 @@ class Publisher:
     def publish_many(
         self, items: Sequence[Outgoing], timeout: float | None = None
     ) -> list[Outcome]:
-        """Publish ``items`` with every copy written before any confirm is awaited.
+        """Publish ``items`` with every copy written before any confirm is awaited (each
+        written as soon as it is built, so the brokers start on the first while the last is
+        being built).
 
         :meth:`publish` waits for one message's confirms before the next is written; here a
         batch costs about one confirm round trip in all, which is what a relay draining a
@@ -314,6 +316,7 @@ class Publisher:
         """
         outcomes: list[Outcome | None] = [None] * len(items)
         flights: list[tuple[int, Copies, Outgoing]] = []
+        sent: dict[BrokerChannel, dict[int, tuple[BrokerLink, Copies]]] = {}
         for index, item in enumerate(items):
             try:
                 self.refuse_oversized(item.message, item.exchange, item.routing_key)
@@ -330,15 +333,16 @@ class Publisher:
             if copies.encoded is None:  # one copy: written from the same bytes all the same
                 copies.encoded = {}
             flights.append((index, copies, item))
+            # written as soon as it is ready: the brokers start on the batch while the rest
+            # of it is being built
+            self._write_tagged(copies, item, sent)
         pending = flights
         while pending:
-            sent: dict[BrokerChannel, dict[int, tuple[BrokerLink, Copies]]] = {}
-            for _, copies, item in pending:
-                for link, sub in self.write(copies, item.exchange, item.routing_key, False, False):
-                    tag = sub.beetle_sent = sub.beetle_sent + 1
-                    sent.setdefault(sub, {})[tag] = (link, copies)
             self._await_tags(sent, timeout)
             pending = [flight for flight in pending if flight[1].more_to_try]
+            sent = {}
+            for _, copies, item in pending:  # the copies a failed broker did not take
+                self._write_tagged(copies, item, sent)
         for index, copies, item in flights:
             try:
                 brokers = self.settle(copies, item.routing_key)
@@ -347,6 +351,17 @@ class Publisher:
                 continue
             outcomes[index] = Outcome(brokers, None, copies.redundant and copies.missing > 0)
         return [outcome for outcome in outcomes if outcome is not None]
+
+    def _write_tagged(
+        self,
+        copies: Copies,
+        item: Outgoing,
+        sent: dict[BrokerChannel, dict[int, tuple[BrokerLink, Copies]]],
+    ) -> None:
+        """Write the missing copies of ``item``, noting each under its delivery tag."""
+        for link, sub in self.write(copies, item.exchange, item.routing_key, False, False):
+            tag = sub.beetle_sent = sub.beetle_sent + 1
+            sent.setdefault(sub, {})[tag] = (link, copies)
 
     def _await_tags(
         self,

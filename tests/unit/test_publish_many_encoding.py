@@ -83,3 +83,28 @@ def test_a_plain_message_sent_with_others_is_written_from_its_checked_bytes(enco
     plain = amqp.Message(b"x", message_id="p1")
     (outcome,) = publisher.publish_many([Outgoing(plain, "", "plain")])
     assert outcome.ok and outcome.brokers == ["h1"] and encodings == ["p1"]
+
+
+def test_each_message_is_written_as_soon_as_it_is_built_not_after_the_whole_batch(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    log: list[tuple[str, str, Any]] = []
+    publisher = make_publisher(log)
+    _confirming(publisher)
+
+    def logged(message: amqp.Message) -> bytes:
+        log.append(("encode", message.properties["message_id"], None))
+        return encode_properties(message)
+
+    monkeypatch.setattr(frames, "encode_properties", logged)
+    items = [Outgoing(_redundant(f"m{i}"), "", "work") for i in range(2)]
+    assert all(outcome.ok for outcome in publisher.publish_many(items))
+    steps = [(step, name) for step, name, _ in log]
+    assert steps == [
+        ("encode", "m0"),
+        ("write", "h1"),
+        ("write", "h2"),
+        ("encode", "m1"),
+        ("write", "h1"),
+        ("write", "h2"),
+    ]

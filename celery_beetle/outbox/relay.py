@@ -52,6 +52,7 @@ from typing import Any
 import amqp
 import sqlalchemy as sa
 from amqp.exceptions import ChannelError
+from sqlalchemy.dialects import postgresql
 
 from celery_beetle.outbox.enqueue import queue_from_spec
 from celery_beetle.outbox.table import ASIDE, OUTBOX
@@ -172,13 +173,13 @@ class Relay:
             # killed after the commit must not leave a completion nobody published
             _flush_traces()
             if result.relayed:
-                conn.execute(sa.delete(OUTBOX).where(OUTBOX.c.id.in_(result.relayed)))
+                conn.execute(sa.delete(OUTBOX).where(_with_ids(conn, result.relayed)))
             if result.aside:
                 move_aside(conn, result.aside, now)
             if result.failed:
                 conn.execute(
                     sa.update(OUTBOX)
-                    .where(OUTBOX.c.id.in_(list(result.failed)))
+                    .where(_with_ids(conn, list(result.failed)))
                     .values(
                         attempts=OUTBOX.c.attempts + 1,
                         last_error=next(iter(result.failed.values())),
@@ -415,6 +416,18 @@ def _outgoing(row: Mapping[str, Any]) -> Outgoing:
     if not row["routing_key"] and not row["exchange"]:
         raise ValueError("no exchange and no routing key: the message would go nowhere")
     return Outgoing(message, row["exchange"] or "", row["routing_key"] or "")
+
+
+def _with_ids(conn: sa.Connection, ids: list[str]) -> sa.ColumnElement[bool]:
+    """The outbox rows of ``ids``: on PostgreSQL ``id = ANY(:ids)``, one array parameter and
+    one statement whatever the count (an ``IN`` list has a parameter per id to render,
+    send and parse, and a statement text per count); ``IN`` elsewhere."""
+    if conn.dialect.name == "postgresql":
+        return OUTBOX.c.id == sa.any_(sa.bindparam("ids", ids, type_=_UUIDS))
+    return OUTBOX.c.id.in_(ids)
+
+
+_UUIDS = postgresql.ARRAY(sa.Uuid(as_uuid=False))
 
 
 def _flush_traces() -> None:

@@ -19,16 +19,23 @@ run (rounds interleaved, so both sides see the same machine load).
 Local throwaway PostgreSQL and two RabbitMQ nodes (BEETLE_BENCH_PORTS names brokers instead).
 
     python -m benchmarks.bench_outbox [--tasks 3000] [--rounds 3] [--rate 400] [--low-rate 2]
-                                      [--writers 4] [--notify-only]
+                                      [--writers 4] [--notify-only] [--ceiling-only]
+                                      [--profile DIR]
+
+``--ceiling-only`` times only the relay against the pipelined publisher (a minute, not
+several); ``--profile DIR`` has py-spy sample this process during the relay's rounds (one raw
+file per round in DIR, summed by function when the run ends).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import amqp
@@ -38,6 +45,7 @@ from kombu import Connection
 from sqlalchemy.orm import Session
 
 import celery_beetle
+from benchmarks import _profile
 from benchmarks._nodes import rabbit_ports
 from celery_beetle import BeetleTask, outbox
 from celery_beetle.outbox.relay import Relay
@@ -145,15 +153,45 @@ def pipelined_rate(app: Celery, ports: list[int], n: int, window: int) -> float:
             connection.close()
 
 
-def relay_rate(relay: Relay, engine: sa.Engine, task: Any, n: int) -> float:
+def relay_rate(
+    relay: Relay, engine: sa.Engine, task: Any, n: int, profile: Path | None = None
+) -> float:
     with Session(engine) as session, session.begin():
         for i in range(n):
             outbox.delay(session, task, i)
-    started = time.perf_counter()
-    relayed = 0
-    while relayed < n:
-        relayed += len(relay.relay_once().relayed)
-    return n / (time.perf_counter() - started)
+    sampler = _profile.start(os.getpid(), profile) if profile is not None else None
+    try:
+        if sampler is not None:
+            time.sleep(0.5)  # py-spy attaches
+        started = time.perf_counter()
+        relayed = 0
+        while relayed < n:
+            relayed += len(relay.relay_once().relayed)
+        return n / (time.perf_counter() - started)
+    finally:
+        _profile.stop(sampler)
+
+
+def print_ceiling(rows: dict[str, list[float]], args: argparse.Namespace) -> None:
+    """The relay against the pipelined publisher, round by round and in the median."""
+    ratios = [r / p for r, p in zip(rows["relay"], rows["pipelined"], strict=True)]
+    for index, (relay, bare, ratio) in enumerate(
+        zip(rows["relay"], rows["pipelined"], ratios, strict=True)
+    ):
+        print(f"round {index + 1}: relay {relay:,.0f} rows/s, py-amqp pipelined {bare:,.0f}/s, "
+              f"{ratio:.2f}")  # fmt: skip
+    relay, bare = statistics.median(rows["relay"]), statistics.median(rows["pipelined"])
+    print(
+        f"median: relay {relay:,.0f} rows/s, py-amqp pipelined {bare:,.0f}/s, "
+        f"{relay / bare:.2f}   target >= 0.8x: {'met' if relay / bare >= 0.8 else 'NOT met'}"
+    )
+    if args.profile:
+        for index in range(len(rows["relay"])):
+            print(f"\nprofile of relay round {index + 1}:")
+            for line in _profile.summary(args.profile / f"relay-{index + 1}.txt", top=25):
+                print(line)
+    print(json.dumps({"rounds": {k: rows[k] for k in ("relay", "pipelined")},
+                      "ratios": [round(r, 3) for r in ratios]}))  # fmt: skip
 
 
 def latencies(relay: Relay, engine: sa.Engine, task: Any, n: int, rate: float) -> list[float]:
@@ -209,6 +247,14 @@ def main() -> None:
     )
     parser.add_argument("--notify-only", action="store_true", help="only NOTIFY against polling")
     parser.add_argument("--writers", type=int, default=4, help="concurrent enqueuers")
+    parser.add_argument(
+        "--ceiling-only",
+        action="store_true",
+        help="only the relay against the pipelined py-amqp publisher",
+    )
+    parser.add_argument(
+        "--profile", type=Path, default=None, help="py-spy the relay's rounds into this directory"
+    )
     args = parser.parse_args()
 
     from tests.harness.postgres import PostgresServer
@@ -238,14 +284,22 @@ def run(url: str, db_url: str, args: argparse.Namespace, ports: list[int]) -> No
         relay = Relay(engine, conn.channel(), batch_size=args.batch_size)
         enqueue_rate(engine, task, 50, True)  # warm up
         relay_rate(relay, engine, task, 50)
-        for _ in range(0 if args.notify_only else args.rounds):
-            rows["plain"].append(enqueue_rate(engine, task, n // 3, False))
-            rows["outbox"].append(enqueue_rate(engine, task, n // 3, True))
-            with engine.begin() as c:  # what the enqueue rounds left
-                c.execute(sa.delete(OUTBOX))
-            rows["direct"].append(direct_rate(app, task, n))
-            rows["relay"].append(relay_rate(relay, engine, task, n))
+        if args.profile:
+            args.profile.mkdir(parents=True, exist_ok=True)
+        for index in range(0 if args.notify_only else args.rounds):
+            if not args.ceiling_only:
+                rows["plain"].append(enqueue_rate(engine, task, n // 3, False))
+                rows["outbox"].append(enqueue_rate(engine, task, n // 3, True))
+                with engine.begin() as c:  # what the enqueue rounds left
+                    c.execute(sa.delete(OUTBOX))
+                rows["direct"].append(direct_rate(app, task, n))
+            profile = args.profile / f"relay-{index + 1}.txt" if args.profile else None
+            rows["relay"].append(relay_rate(relay, engine, task, n, profile))
             rows["pipelined"].append(pipelined_rate(app, ports, n, args.batch_size))
+        if args.ceiling_only:
+            print_ceiling(rows, args)
+            engine.dispose()
+            return
         lat = [] if args.notify_only else latencies(relay, engine, task, n, args.rate)
         listening = Relay(engine, conn.channel(), batch_size=args.batch_size, listen=True)
         notify_rows = compare_notify(relay, listening, app, engine, task, args)

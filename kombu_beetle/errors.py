@@ -94,3 +94,19 @@ class MessageTooLarge(ValueError):
             f"was sent. Send a smaller body (a reference to the data), or raise the transport "
             f"option max_message_bytes (and RabbitMQ's max_message_size with it)"
         )
+
+
+class UnencodableMessage(ValueError):
+    """A message whose properties or headers AMQP cannot carry (a priority that is not a
+    number, an integer over 64 bits, a header of a type AMQP tables lack), refused by
+    :meth:`~kombu_beetle.publish.Publisher.publish_many` before anything is written.
+
+    Found while serializing the properties that are then written as they are, so checking
+    costs nothing extra; ``reason`` is the serializer's own error, and the text is
+    ``"<its type>: <it>"``.
+    """
+
+    def __init__(self, message_id: str | None, reason: BaseException) -> None:
+        self.message_id = message_id
+        self.reason = reason
+        super().__init__(f"{type(reason).__name__}: {reason}")

@@ -17,6 +17,7 @@ from amqp.method_framing import FRAME_OVERHEAD
 from amqp.serialization import dumps
 
 from .brokers import BrokerChannel
+from .properties import encode_properties
 
 _PUBLISH_SIG = pack(">HH", *spec.Basic.Publish)
 #: the most bytes a character takes in UTF-8, UTF-16 or UTF-32 (one more for a BOM)
@@ -46,6 +47,7 @@ def write_publish(
     mandatory: bool,
     immediate: bool,
     encoded: dict[int, bytes] | None = None,
+    properties: bytes | None = None,
 ) -> None:
     """``basic.publish`` without py-amqp's pre-publish poll for ``connection.blocked``.
 
@@ -53,7 +55,9 @@ def write_publish(
     confirm wait reads it right after, so the poll (a recv and two settimeout calls per copy)
     is skipped.  The socket's timeout bounds the write if the broker stops reading.  With
     ``encoded`` (a redundant message), the frames are built once per channel number and the
-    same bytes go to every broker.
+    same bytes go to every broker; ``properties``, when given, are the message's properties
+    as :func:`serialize_properties` made them (so a caller that checked them by
+    serializing them does not pay for it twice).
     """
     connection = sub.connection
     if connection is None:
@@ -63,7 +67,7 @@ def write_publish(
         if data is None:
             frame_max = connection.frame_max
             args = (sub.channel_id, message, exchange, routing_key, mandatory, immediate, frame_max)
-            data = encoded[sub.channel_id] = encode_publish(*args)
+            data = encoded[sub.channel_id] = encode_publish(*args, properties=properties)
         if data:
             # one write of whole frames, as py-amqp's writer makes (a kombu connection is
             # used by one thread at a time, so no lock is needed around it)
@@ -83,15 +87,17 @@ def encode_publish(
     mandatory: bool,
     immediate: bool,
     frame_max: int,
+    properties: bytes | None = None,
 ) -> bytes:
     """The frames of one ``basic.publish`` as bytes, so that both copies of a redundant
     message are serialized once (py-amqp would encode the properties again per broker).
     Empty when the message needs more than one body frame: then py-amqp writes it."""
     args = dumps("Bssbb", (0, exchange, routing_key, mandatory, immediate))
+    if properties is None:
+        properties = serialize_properties(message)
     body = message.body
     if isinstance(body, str):
-        body = body.encode(message.properties.setdefault("content_encoding", "utf-8"))
-    properties = message._serialize_properties()
+        body = body.encode(message.properties["content_encoding"])
     if len(args) + len(properties) + len(body) + FRAME_OVERHEAD > frame_max - 8:
         return b""
     method = _PUBLISH_SIG + args
@@ -101,3 +107,14 @@ def encode_publish(
     if body:
         parts += [pack(">BHI", 3, channel_id, len(body)), body, b"\xce"]
     return b"".join(parts)
+
+
+def serialize_properties(message: amqp.Message) -> bytes:
+    """The message's properties (headers included) as a content header carries them; a
+    ``str`` body gets the ``content_encoding`` it will be encoded with, as py-amqp gives it.
+    py-amqp's bytes, written faster (:mod:`.properties`). Raises what py-amqp's serializer
+    raises for a value AMQP cannot carry (``struct.error``, ``TypeError``, ``ValueError``,
+    ``OverflowError``, ``FrameSyntaxError``)."""
+    if isinstance(message.body, str):
+        message.properties.setdefault("content_encoding", "utf-8")
+    return encode_properties(message)

@@ -19,6 +19,7 @@ does.  For redundant messages the worker side deduplicates the extra copy.
 from __future__ import annotations
 
 import logging
+import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from typing import Any
 
 import amqp
 from amqp import spec
-from amqp.exceptions import MessageNacked
+from amqp.exceptions import FrameSyntaxError, MessageNacked
 
 from . import metrics
 from .brokers import CAUGHT_ERRORS, BrokerChannel, BrokerLink, BrokerSet, fail_or_raise
@@ -37,8 +38,8 @@ from .envelope import (
     is_redundant,
     stamp_redundant,
 )
-from .errors import MessageTooLarge, NoBrokerAvailable, PublishNotConfirmed
-from .frames import body_size, write_publish
+from .errors import MessageTooLarge, NoBrokerAvailable, PublishNotConfirmed, UnencodableMessage
+from .frames import body_size, serialize_properties, write_publish
 from .options import BeetleOptions
 from .scopes import scope_of
 from .trace import NullTracer, Tracer
@@ -46,6 +47,8 @@ from .trace import NullTracer, Tracer
 logger = logging.getLogger(__name__)
 
 _CONFIRMS = [spec.Basic.Ack, spec.Basic.Nack]
+#: what py-amqp's serializer raises for a property or header value AMQP cannot carry
+_ENCODING_ERRORS = (TypeError, ValueError, KeyError, OverflowError, struct.error, FrameSyntaxError)
 
 
 def _trace(
@@ -101,6 +104,8 @@ class Copies:
     nacked: bool = False
     #: the frames of a redundant message, by channel number: built once, written to each
     encoded: dict[int, bytes] | None = None
+    #: the serialized properties, when made ahead (``publish_many`` checks them that way)
+    properties: bytes | None = None
 
     @property
     def missing(self) -> int:
@@ -205,6 +210,7 @@ class Publisher:
         """Write the missing copies to the next live brokers; return those written to."""
         batch: list[tuple[BrokerLink, BrokerChannel]] = []
         candidates, message, encoded = copies.candidates, copies.message, copies.encoded
+        properties = copies.properties
         missing = copies.missing
         while len(batch) < missing and copies.position < len(candidates):
             link = candidates[copies.position]
@@ -213,7 +219,9 @@ class Publisher:
                 continue
             try:
                 sub = self.sub_for(link)
-                write_publish(sub, message, exchange, routing_key, mandatory, immediate, encoded)
+                write_publish(
+                    sub, message, exchange, routing_key, mandatory, immediate, encoded, properties
+                )
             except CAUGHT_ERRORS as exc:
                 copies.failed.append(link.name)
                 fail_or_raise(link, exc)
@@ -288,7 +296,9 @@ class Publisher:
     def publish_many(
         self, items: Sequence[Outgoing], timeout: float | None = None
     ) -> list[Outcome]:
-        """Publish ``items`` with every copy written before any confirm is awaited.
+        """Publish ``items`` with every copy written before any confirm is awaited (each
+        written as soon as it is built, so the brokers start on the first while the last is
+        being built).
 
         :meth:`publish` waits for one message's confirms before the next is written; here a
         batch costs about one confirm round trip in all, which is what a relay draining a
@@ -296,6 +306,9 @@ class Publisher:
         the next broker when one fails, ``published`` traced), and its :class:`Outcome` says
         which brokers confirmed it; an error (too large, a bad expiry, no broker took it)
         is returned in its outcome, never raised, so one bad message does not fail the rest.
+        A message whose properties or headers AMQP cannot carry fails with
+        :class:`~kombu_beetle.errors.UnencodableMessage`: its properties are serialized once,
+        before anything is written, and those bytes are what every copy carries.
 
         Confirms are matched to messages by delivery tag, so this must be the only way the
         channel publishes (a relay opens a channel of its own): :meth:`publish` on the same
@@ -303,6 +316,7 @@ class Publisher:
         """
         outcomes: list[Outcome | None] = [None] * len(items)
         flights: list[tuple[int, Copies, Outgoing]] = []
+        sent: dict[BrokerChannel, dict[int, tuple[BrokerLink, Copies]]] = {}
         for index, item in enumerate(items):
             try:
                 self.refuse_oversized(item.message, item.exchange, item.routing_key)
@@ -310,16 +324,25 @@ class Publisher:
             except (MessageTooLarge, InvalidExpiry, NoBrokerAvailable) as exc:
                 outcomes[index] = Outcome([], exc)
                 continue
+            try:
+                copies.properties = serialize_properties(item.message)
+            except _ENCODING_ERRORS as exc:
+                message_id = item.message.properties.get("message_id")
+                outcomes[index] = Outcome([], UnencodableMessage(message_id, exc))
+                continue
+            if copies.encoded is None:  # one copy: written from the same bytes all the same
+                copies.encoded = {}
             flights.append((index, copies, item))
+            # written as soon as it is ready: the brokers start on the batch while the rest
+            # of it is being built
+            self._write_tagged(copies, item, sent)
         pending = flights
         while pending:
-            sent: dict[BrokerChannel, dict[int, tuple[BrokerLink, Copies]]] = {}
-            for _, copies, item in pending:
-                for link, sub in self.write(copies, item.exchange, item.routing_key, False, False):
-                    tag = sub.beetle_sent = sub.beetle_sent + 1
-                    sent.setdefault(sub, {})[tag] = (link, copies)
             self._await_tags(sent, timeout)
             pending = [flight for flight in pending if flight[1].more_to_try]
+            sent = {}
+            for _, copies, item in pending:  # the copies a failed broker did not take
+                self._write_tagged(copies, item, sent)
         for index, copies, item in flights:
             try:
                 brokers = self.settle(copies, item.routing_key)
@@ -328,6 +351,17 @@ class Publisher:
                 continue
             outcomes[index] = Outcome(brokers, None, copies.redundant and copies.missing > 0)
         return [outcome for outcome in outcomes if outcome is not None]
+
+    def _write_tagged(
+        self,
+        copies: Copies,
+        item: Outgoing,
+        sent: dict[BrokerChannel, dict[int, tuple[BrokerLink, Copies]]],
+    ) -> None:
+        """Write the missing copies of ``item``, noting each under its delivery tag."""
+        for link, sub in self.write(copies, item.exchange, item.routing_key, False, False):
+            tag = sub.beetle_sent = sub.beetle_sent + 1
+            sent.setdefault(sub, {})[tag] = (link, copies)
 
     def _await_tags(
         self,
@@ -355,7 +389,11 @@ class Publisher:
 
 class _Confirms:
     """The confirms one broker owes for the copies written to it, by delivery tag: an ack
-    or nack may settle several at once (``multiple``)."""
+    or nack may settle several at once (``multiple``).
+
+    ``tags`` holds the tags in the order they were written, which is ascending: a multiple
+    confirm settles a run from the front, found without looking at the tags after it.
+    """
 
     def __init__(self, link: BrokerLink, tags: dict[int, tuple[BrokerLink, Copies]]) -> None:
         self.link, self.tags = link, tags
@@ -369,7 +407,15 @@ class _Confirms:
 
     def on_confirm(self, method: Any, tag: int, multiple: bool, *rest: Any) -> None:
         tags, link = self.tags, self.link
-        for t in [t for t in tags if t <= tag] if multiple else [tag]:
+        if multiple:
+            settled = []
+            for t in tags:
+                if t > tag:
+                    break
+                settled.append(t)
+        else:
+            settled = [tag]
+        for t in settled:
             entry = tags.pop(t, None)
             if entry is None:
                 continue

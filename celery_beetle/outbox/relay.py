@@ -43,7 +43,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -53,12 +52,12 @@ from typing import Any
 import amqp
 import sqlalchemy as sa
 from amqp.exceptions import ChannelError
-from amqp.serialization import dumps as amqp_dumps
+from sqlalchemy.dialects import postgresql
 
 from celery_beetle.outbox.enqueue import queue_from_spec
 from celery_beetle.outbox.table import ASIDE, OUTBOX
 from kombu_beetle.envelope import InvalidExpiry
-from kombu_beetle.errors import MessageTooLarge, NoBrokerAvailable
+from kombu_beetle.errors import MessageTooLarge, NoBrokerAvailable, UnencodableMessage
 from kombu_beetle.publish import Outgoing
 
 __all__ = [
@@ -134,6 +133,9 @@ class Relay:
         self.tracer = tracer if tracer is not None else channel.connection.tracer
         self.clock = clock
         self._declared: dict[str, float] = {}
+        #: the declarations of the row before, and until when they hold: rows of one queue
+        #: come in runs, and comparing is cheaper than making the keys of ``_declared``
+        self._last_declared: tuple[float, Any, str] = (0.0, None, "")
         #: totals since start: rows claimed, relayed (degraded among them), set aside, failed
         self.counts = dict.fromkeys(("claimed", "relayed", "degraded", "aside", "failed"), 0)
 
@@ -171,13 +173,13 @@ class Relay:
             # killed after the commit must not leave a completion nobody published
             _flush_traces()
             if result.relayed:
-                conn.execute(sa.delete(OUTBOX).where(OUTBOX.c.id.in_(result.relayed)))
+                conn.execute(sa.delete(OUTBOX).where(_with_ids(conn, result.relayed)))
             if result.aside:
                 move_aside(conn, result.aside, now)
             if result.failed:
                 conn.execute(
                     sa.update(OUTBOX)
-                    .where(OUTBOX.c.id.in_(list(result.failed)))
+                    .where(_with_ids(conn, list(result.failed)))
                     .values(
                         attempts=OUTBOX.c.attempts + 1,
                         last_error=next(iter(result.failed.values())),
@@ -197,7 +199,7 @@ class Relay:
                 try:
                     sendable.append((row, _outgoing(row)))
                     continue
-                except (TypeError, ValueError, KeyError, OverflowError, struct.error) as exc:
+                except (TypeError, ValueError, KeyError) as exc:
                     reason = f"bad payload: {type(exc).__name__}: {exc}"
             result.aside[row["id"]] = reason
         if not sendable:
@@ -208,6 +210,8 @@ class Relay:
             if outcome.ok:
                 result.relayed.append(row["id"])
                 result.degraded += outcome.degraded
+            elif isinstance(outcome.error, UnencodableMessage):
+                result.aside[row["id"]] = f"bad payload: {outcome.error}"
             elif isinstance(outcome.error, _ROW_ERRORS):
                 result.aside[row["id"]] = f"{type(outcome.error).__name__}: {outcome.error}"
             else:
@@ -230,19 +234,25 @@ class Relay:
         """Declare the row's queues as Celery's producer would (once a minute per queue);
         with none, check its exchange exists: a publish to a missing exchange would close
         the channel and fail every other publish in flight on it."""
-        specs = list(row["declare"] or ())
-        if not specs and row["exchange"]:
-            specs = [{"check_exchange": row["exchange"]}]
+        declare, exchange = row["declare"], row["exchange"]
         now = time.monotonic()
+        until, last_declare, last_exchange = self._last_declared
+        if until > now and declare == last_declare and exchange == last_exchange:
+            return
+        specs = list(declare or ())
+        if not specs and exchange:
+            specs = [{"check_exchange": exchange}]
+        until = now + DECLARE_TTL_S
         for spec in specs:
             key = json.dumps(spec, sort_keys=True)
-            if self._declared.get(key, 0.0) > now:
-                continue
-            if "check_exchange" in spec:
-                self.channel.exchange_declare(spec["check_exchange"], passive=True)
-            else:
-                queue_from_spec(spec)(self.channel).declare()
-            self._declared[key] = now + DECLARE_TTL_S
+            if self._declared.get(key, 0.0) <= now:
+                if "check_exchange" in spec:
+                    self.channel.exchange_declare(spec["check_exchange"], passive=True)
+                else:
+                    queue_from_spec(spec)(self.channel).declare()
+                self._declared[key] = now + DECLARE_TTL_S
+            until = min(until, self._declared[key])
+        self._last_declared = (until, declare, exchange)
 
     def _trace(self, rows: Iterable[Mapping[str, Any]], result: RelayPass) -> None:
         if not getattr(self.tracer, "enabled", False):
@@ -394,19 +404,30 @@ def claim_keyed(
 
 
 def _outgoing(row: Mapping[str, Any]) -> Outgoing:
-    """The AMQP message of a row, checked to serialize (a property or header the broker
-    cannot carry raises here, before anything is written)."""
+    """The AMQP message of a row. Whether its properties and headers serialize is found
+    by ``publish_many``, which serializes them once for every copy and returns
+    :class:`~kombu_beetle.errors.UnencodableMessage` for a row it cannot send."""
     properties = dict(row["properties"] or {})
     headers = dict(row["headers"] or {})
     body = row["body"]
     if not isinstance(body, (bytes, bytearray, memoryview)):
         raise TypeError(f"body is {type(body).__name__}, not bytes")
     message = amqp.Message(bytes(body), application_headers=headers, **properties)
-    message._serialize_properties()
-    amqp_dumps("F", [headers])
     if not row["routing_key"] and not row["exchange"]:
         raise ValueError("no exchange and no routing key: the message would go nowhere")
     return Outgoing(message, row["exchange"] or "", row["routing_key"] or "")
+
+
+def _with_ids(conn: sa.Connection, ids: list[str]) -> sa.ColumnElement[bool]:
+    """The outbox rows of ``ids``: on PostgreSQL ``id = ANY(:ids)``, one array parameter and
+    one statement whatever the count (an ``IN`` list has a parameter per id to render,
+    send and parse, and a statement text per count); ``IN`` elsewhere."""
+    if conn.dialect.name == "postgresql":
+        return OUTBOX.c.id == sa.any_(sa.bindparam("ids", ids, type_=_UUIDS))
+    return OUTBOX.c.id.in_(ids)
+
+
+_UUIDS = postgresql.ARRAY(sa.Uuid(as_uuid=False))
 
 
 def _flush_traces() -> None:

@@ -44,7 +44,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from celery_beetle.audit import class_cache, quiet, report, transforms
+from celery_beetle.audit import class_cache, names, numeric, quiet, report, transforms
 from celery_beetle.audit.schema import BAD_VERDICTS, SUMMARY_COUNTS
 
 __all__ = ["AuditResult", "build_session", "local_input_bytes", "main", "run_audit"]
@@ -290,20 +290,32 @@ def run_audit(
     restore = {k: str(spark.conf.get(k)) for k in settings}
     for key, value in settings.items():
         spark.conf.set(key, value)
-    raw = spark.read.schema(transforms.READ_SCHEMA).options(**transforms.read_options()).json(paths)
-    facts = transforms.per_message(transforms.mark_malformed(raw))
+    # Numbers only (.numeric), unless the tables want every message's runs, or a negative
+    # tolerance makes non-overlapping runs overlap (.numeric.per_message is exact from 0).
+    sampled = None if tables or skew_tolerance_ms < 0 else names.sample(paths)
+    events = transforms.mark_malformed(_read(spark, paths))
+    if sampled is None:
+        facts = transforms.per_message(events)
+    else:
+        facts = numeric.per_message(events, sampled)
     classified = transforms.classify(facts, skew_tolerance_ms)
     if not tables:  # the summary's columns only: the runs and timestamps are large, and done
-        classified = classified.select(*SUMMARY_COLUMNS)
+        exact = [] if sampled is None else ["exact"]
+        classified = classified.select(*SUMMARY_COLUMNS, *exact)
     # The one pass over the input fills this cache; every figure after it is a small query
     # over the per-message rows. Blocks that do not fit in memory go to local disk. Fewer,
     # larger partitions than the grouping's (merged without a shuffle) make those queries
     # cheaper: each partition is a task per query.
     cached = _partitions(spark, input_bytes, CACHE_BYTES_PER_PARTITION)
     classified = classified.coalesce(cached).persist(StorageLevel.MEMORY_AND_DISK)
+    again: DataFrame | None = None
     try:
         messages, malformed_df = transforms.split_malformed(classified)
         totals = transforms.totals(messages)
+        if totals.get(transforms.INEXACT):
+            again = _judged_again(spark, paths, messages, skew_tolerance_ms, totals, cached)
+            messages = again
+            totals = transforms.totals(messages)
         lap("read_and_group")
 
         begin("summarising")
@@ -340,6 +352,8 @@ def run_audit(
             lap("tables")
     finally:
         classified.unpersist()
+        if again is not None:
+            again.unpersist()
         sc.setJobDescription(None)  # type: ignore[arg-type]
         for key, value in restore.items():
             spark.conf.set(key, value)
@@ -368,6 +382,41 @@ def run_audit(
     _put_text(spark, files["summary"], json.dumps(summary, indent=2, default=str) + "\n")
     _put_text(spark, files["report"], report.render(summary))
     return AuditResult(summary=summary, out_dir=out, files=files)
+
+
+def _read(spark: SparkSession, paths: list[str]) -> DataFrame:
+    reader = spark.read.schema(transforms.READ_SCHEMA).options(**transforms.read_options())
+    return reader.json(paths)
+
+
+#: Messages judged again by a broadcast join at most: their keys go to every task.
+BROADCAST_KEYS = 500_000
+
+
+def _judged_again(
+    spark: SparkSession,
+    paths: list[str],
+    messages: DataFrame,
+    skew_tolerance_ms: int,
+    totals: dict[str, Any],
+    partitions: int,
+) -> DataFrame:
+    """The per-message table with its inexact messages judged again from their events, by
+    the per-message lists (:func:`.transforms.per_message`); cached.
+
+    Reads the input a second time, so it runs only when :func:`.numeric.per_message` left a
+    message inexact (a name the sample missed, three runs, a run started three times): a
+    trace without one is read once.
+    """
+    inexact = messages.where(~F.col("exact")).select("queue", "message_id")
+    if totals[transforms.INEXACT] <= BROADCAST_KEYS:
+        inexact = F.broadcast(inexact)
+    events = transforms.mark_malformed(_read(spark, paths)).where(~F.col("malformed"))
+    theirs = events.join(inexact, ["queue", "message_id"], "left_semi")
+    judged = transforms.classify(transforms.per_message(theirs), skew_tolerance_ms)
+    judged = judged.select(*SUMMARY_COLUMNS, F.lit(True).alias("exact"))
+    patched = messages.where(F.col("exact")).unionByName(judged)
+    return patched.coalesce(partitions).persist(StorageLevel.MEMORY_AND_DISK)
 
 
 #: The Parquet schemas of the two small tables (rows computed in Python from aggregates).

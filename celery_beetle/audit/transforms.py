@@ -300,11 +300,21 @@ def timeline_and_brokers(
 
 
 def split_malformed(facts: DataFrame) -> tuple[DataFrame, DataFrame]:
-    """``(messages, malformed)``: the per-message rows, and the one null-key malformed row."""
-    is_msg = F.col("message_id").isNotNull()
-    return facts.where(is_msg), facts.where(~is_msg).select(
-        "malformed_lines", "bad_line_min", "bad_line_max"
+    """``(messages, malformed)``: the per-message rows, and one row that counts the malformed
+    lines and holds two of them.
+
+    Malformed lines are the rows without a queue (every valid event has one): the one
+    null-key row of :func:`per_message`, or a row per distinct line from
+    :func:`.numeric.per_message`.
+    """
+    c = F.col
+    is_msg = c("queue").isNotNull()
+    malformed = facts.where(~is_msg).agg(
+        F.coalesce(F.sum("malformed_lines"), F.lit(0)).alias("malformed_lines"),
+        F.min("bad_line_min").alias("bad_line_min"),
+        F.max("bad_line_max").alias("bad_line_max"),
     )
+    return facts.where(is_msg), malformed
 
 
 def _overlap(tolerance_ms: int) -> Column:
@@ -349,7 +359,10 @@ def _overlap(tolerance_ms: int) -> Column:
 def classify(messages: DataFrame, skew_tolerance_ms: int = DEFAULT_SKEW_TOLERANCE_MS) -> DataFrame:
     """Add ``overlap``, ``verdict`` and the clamped latencies to the per-message facts."""
     c = F.col
-    overlap = F.when(c("n_started") > 1, _overlap(skew_tolerance_ms)).otherwise(F.lit(False))
+    if "run_events" in messages.columns:
+        overlap = F.when(c("n_started") > 1, _overlap(skew_tolerance_ms)).otherwise(F.lit(False))
+    else:  # numbers only (:func:`.numeric.per_message`): the largest overlap of two runs
+        overlap = F.coalesce(c("run_overlap_ms") > skew_tolerance_ms, F.lit(False))
     # A worker killed between storing its completion and writing the ``completed`` event
     # leaves no event, but the other copy's ``duplicate`` says the store holds "completed".
     unobserved = (c("n_completed") == 0) & (c("n_seen_completed") > 0)
@@ -401,12 +414,16 @@ REDUNDANCY_KEYS = ("redundant_messages", "on_two_or_more_brokers", "on_one_broke
 #: ``totals``' extra keys: the first publish and the last completion, in ms (or None), for
 #: the timeline's span
 SPAN_KEYS = ("span_first_published_ms", "span_last_completed_ms")
+#: ``totals``' count of messages :func:`.numeric.per_message` could not judge exactly (when
+#: the table has its ``exact`` column)
+INEXACT = "inexact_messages"
 
 
 def totals(classified: DataFrame) -> dict[str, Any]:
     """Every whole-trace count in one pass: verdicts, retries and redundancy coverage, and
     the run's span (:data:`SPAN_KEYS`)."""
     c = F.col
+    exact = "exact" in classified.columns
     row = classified.agg(
         F.count(F.lit(1)).alias("messages"),
         *[F.count(F.when(c("verdict") == v, True)).alias(v) for v in VERDICTS],
@@ -422,6 +439,7 @@ def totals(classified: DataFrame) -> dict[str, Any]:
         ),
         F.min("first_published_ms").alias(SPAN_KEYS[0]),
         F.max("first_completed_ms").alias(SPAN_KEYS[1]),
+        *([F.count(F.when(~c("exact"), True)).alias(INEXACT)] if exact else []),
     ).first()
     assert row is not None
     values = row.asDict()
@@ -432,7 +450,7 @@ def totals(classified: DataFrame) -> dict[str, Any]:
 
 def verdict_counts(classified: DataFrame) -> dict[str, int]:
     """Counts per verdict plus retry totals, from the classified per-message table."""
-    skipped = (*REDUNDANCY_KEYS, *SPAN_KEYS)
+    skipped = (*REDUNDANCY_KEYS, *SPAN_KEYS, INEXACT)
     return {k: v for k, v in totals(classified).items() if k not in skipped}
 
 

@@ -21,10 +21,13 @@ With ``tables=True`` (``beetle audit --tables``), also Parquet tables:
 ``latency/``, ``brokers/``
     Parquet: latency percentiles per task and queue; deliveries and publishes per broker.
 
-The input is read exactly once. The single aggregation (one shuffle) fills a cache of the
-per-message rows, in memory and spilled to local disk beyond it, so memory stays bounded
-whatever the trace's size; every figure after it is a small query over that cache, and the
-tables, when asked for, are written once from it after the verdict is known.
+The input is read once. The grouping (one shuffle; numbers only, :mod:`.numeric`, unless
+the tables are asked for) fills a cache of the per-message rows, in memory and spilled to
+local disk beyond it, so memory stays bounded whatever the trace's size; every figure after
+it is a small query over that cache, and the tables, when asked for, are written once from
+it after the verdict is known. The rare messages the numbers cannot judge exactly (a name the
+sample of the input missed, three runs) are judged again from their events, which reads the
+input a second time when there are any.
 """
 
 from __future__ import annotations

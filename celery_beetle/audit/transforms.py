@@ -9,6 +9,10 @@ Shape of the computation, chosen for 10 M events on two cores:
    publishing brokers, delivering brokers and the runs needed for overlap detection.
    Malformed lines ride along in the same shuffle under a null key, so counting them costs no
    second pass over the input; :func:`split_malformed` separates them afterwards.
+   :func:`.numeric.per_message` computes the same facts from numbers only (Spark's compiled
+   hash aggregation; the runs as numbers, not lists), and is what ``beetle audit`` uses for its
+   summary; this one remains for the Parquet tables, which keep every message's runs, and
+   for the rare messages the numbers cannot judge exactly.
 3. :func:`classify` gives each message one verdict from those facts; everything after that
    (:func:`totals`, :func:`latency_percentiles`, :func:`timeline_and_brokers`, …) is a small
    aggregation over the per-message table.

@@ -302,9 +302,14 @@ def run_audit(
     else:
         facts = numeric.per_message(events, sampled)
     classified = transforms.classify(facts, skew_tolerance_ms)
-    if not tables:  # the summary's columns only: the runs and timestamps are large, and done
-        exact = [] if sampled is None else ["exact"]
-        classified = classified.select(*SUMMARY_COLUMNS, *exact)
+    if not tables and sampled is None:  # the summary's columns only: the runs are large
+        classified = classified.select(*SUMMARY_COLUMNS)
+    elif not tables:  # ... and a message's brokers as numbers, not lists
+        lists = ("published_brokers", "delivered_brokers")
+        kept = [k for k in SUMMARY_COLUMNS if k not in lists]
+        assert sampled is not None
+        classified = classified.select(*kept, *numeric.broker_columns(sampled), "exact")
+    brokers_named = sampled.brokers if sampled is not None else None
     # The one pass over the input fills this cache; every figure after it is a small query
     # over the per-message rows. Blocks that do not fit in memory go to local disk. Fewer,
     # larger partitions than the grouping's (merged without a shuffle) make those queries
@@ -316,8 +321,12 @@ def run_audit(
         messages, malformed_df = transforms.split_malformed(classified)
         totals = transforms.totals(messages)
         if totals.get(transforms.INEXACT):
-            again = _judged_again(spark, paths, messages, skew_tolerance_ms, totals, cached)
-            messages = again
+            assert sampled is not None
+            inexact = int(totals[transforms.INEXACT])
+            again = _judged_again(
+                spark, paths, messages, sampled, inexact, skew_tolerance_ms, cached
+            )
+            messages, brokers_named = again, None
             totals = transforms.totals(messages)
         lap("read_and_group")
 
@@ -332,7 +341,9 @@ def run_audit(
         )
         latency = transforms.latency_percentiles(messages)
         span = (totals[transforms.SPAN_KEYS[0]], totals[transforms.SPAN_KEYS[1]])
-        timeline, brokers = transforms.timeline_and_brokers(messages, span=span)
+        timeline, brokers = transforms.timeline_and_brokers(
+            messages, span=span, brokers=brokers_named
+        )
         samples = transforms.samples(messages, samples_per_class, counts=totals)
         samples["malformed_lines"] = [line[:300] for line in bad_lines]
         lap("summarise")
@@ -400,8 +411,9 @@ def _judged_again(
     spark: SparkSession,
     paths: list[str],
     messages: DataFrame,
+    sampled: names.Names,
+    count: int,
     skew_tolerance_ms: int,
-    totals: dict[str, Any],
     partitions: int,
 ) -> DataFrame:
     """The per-message table with its inexact messages judged again from their events, by
@@ -409,16 +421,18 @@ def _judged_again(
 
     Reads the input a second time, so it runs only when :func:`.numeric.per_message` left a
     message inexact (a name the sample missed, three runs, a run started three times): a
-    trace without one is read once.
+    trace without one is read once. The table it returns lists each message's brokers (the
+    names the sample missed have no number).
     """
     inexact = messages.where(~F.col("exact")).select("queue", "message_id")
-    if totals[transforms.INEXACT] <= BROADCAST_KEYS:
+    if count <= BROADCAST_KEYS:  # else Spark joins by shuffling both sides
         inexact = F.broadcast(inexact)
     events = transforms.mark_malformed(_read(spark, paths)).where(~F.col("malformed"))
     theirs = events.join(inexact, ["queue", "message_id"], "left_semi")
     judged = transforms.classify(transforms.per_message(theirs), skew_tolerance_ms)
     judged = judged.select(*SUMMARY_COLUMNS, F.lit(True).alias("exact"))
-    patched = messages.where(F.col("exact")).unionByName(judged)
+    exact = numeric.with_broker_lists(messages.where(F.col("exact")), sampled)
+    patched = exact.select(*SUMMARY_COLUMNS, "exact").unionByName(judged)
     return patched.coalesce(partitions).persist(StorageLevel.MEMORY_AND_DISK)
 
 

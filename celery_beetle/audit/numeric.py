@@ -32,7 +32,7 @@ from celery_beetle.audit.names import Names
 from celery_beetle.audit.schema import EVENTS
 from celery_beetle.audit.transforms import BROKER_EVENTS, DONE_STATUS, RUN_EVENTS
 
-__all__ = ["per_message"]
+__all__ = ["broker_columns", "per_message", "with_broker_lists"]
 
 
 def _code(event: str) -> int:
@@ -152,20 +152,22 @@ def per_message(events: DataFrame, names: Names) -> DataFrame:
     return _decoded(facts, names)
 
 
-def _decoded(facts: DataFrame, names: Names) -> DataFrame:
-    """Names back from their codes, the overlap figure and ``exact``; the malformed rows."""
+def broker_columns(names: Names) -> list[str]:
+    """A message's brokers as numbers: the mask of those it was published to (bit ``i`` for
+    the ``i``-th name, from 1) and its deliveries per broker."""
+    return ["published_mask", *[f"delivered_{b}" for b in range(1, len(names.brokers) + 1)]]
+
+
+def with_broker_lists(facts: DataFrame, names: Names) -> DataFrame:
+    """``published_brokers`` and ``delivered_brokers`` as :func:`.transforms.per_message`
+    lists them (in the dictionary's order), from :func:`broker_columns`."""
     c = F.col
-    bad = c("queue").isNull()
-
-    def name(code: str, values: tuple[str, ...]) -> Column:
-        return F.when(c(code) > 0, F.element_at(_names(values), c(code).cast("int")))
-
-    # concatenated arrays, not array_compact: that is a lambda, run row by row
+    # concatenated arrays, not array_compact or filter: those are lambdas, run row by row
     none = F.array().cast("array<string>")
     published = F.concat(
         none,
         *[
-            F.when(c("published").bitwiseAND(1 << b) != 0, F.array(F.lit(n))).otherwise(none)
+            F.when(c("published_mask").bitwiseAND(1 << b) != 0, F.array(F.lit(n))).otherwise(none)
             for b, n in enumerate(names.brokers, start=1)
         ],
     )
@@ -176,10 +178,23 @@ def _decoded(facts: DataFrame, names: Names) -> DataFrame:
             for b, n in enumerate(names.brokers, start=1)
         ],
     )
+    return facts.withColumns({"published_brokers": published, "delivered_brokers": delivered})
+
+
+def _decoded(facts: DataFrame, names: Names) -> DataFrame:
+    """Names back from their codes, the overlap figure and ``exact``; the malformed rows."""
+    c = F.col
+    bad = c("queue").isNull()
+
+    def name(code: str, values: tuple[str, ...]) -> Column:
+        return F.when(c(code) > 0, F.element_at(_names(values), c(code).cast("int")))
+
     overlap = F.greatest(c("self"), F.when(c("runs") == 2, c("first_end") - c("last_start")))
     exact = ~c("unknown") & (c("runs") <= 2) & F.coalesce(c("most_starts") <= 2, F.lit(True))
     counts = [f"n_{e}" for e in EVENTS] + ["n_confirmed"]
-    return facts.select(
+    mask = c("published").bitwiseAND(F.lit(-2).cast("long"))  # bit 0: a name not sampled
+    deliveries = broker_columns(names)[1:]
+    decoded = facts.select(
         "queue",
         "message_id",
         F.when(bad, c("lines")).otherwise(0).alias("malformed_lines"),
@@ -190,8 +205,8 @@ def _decoded(facts: DataFrame, names: Names) -> DataFrame:
         "redundant",
         "n_seen_completed",
         "n_aside",
-        published.alias("published_brokers"),
-        delivered.alias("delivered_brokers"),
+        F.coalesce(mask, F.lit(0).cast("long")).alias("published_mask"),
+        *deliveries,
         "first_published_ms",
         "first_started_ms",
         "last_started_ms",
@@ -203,3 +218,4 @@ def _decoded(facts: DataFrame, names: Names) -> DataFrame:
         F.when(c("n_started") > 1, overlap).alias("run_overlap_ms"),
         exact.alias("exact"),
     )
+    return with_broker_lists(decoded, names)

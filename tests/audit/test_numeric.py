@@ -152,6 +152,28 @@ def test_the_audit_judges_inexact_messages_again_from_their_events(spark, tmp_pa
     assert json.loads((out / "summary.json").read_text())["messages"] == len(lists) - 1
 
 
+def test_timeline_and_broker_table_from_numbers_equal_those_from_the_lists(spark, tmp_path):
+    from celery_beetle.audit import numeric
+    from celery_beetle.audit import transforms as T
+    from celery_beetle.audit.names import Names
+
+    t = _situations()
+    t.published("third", 10.0, brokers=("c:5672",)).run("third", 11, 12, broker="c:5672")
+    t.write(tmp_path / "trace")
+    raw = spark.read.schema(T.READ_SCHEMA).options(**T.read_options()).json(str(tmp_path / "trace"))
+    events = T.mark_malformed(raw)
+    names = Names(brokers=(A, B, "c:5672", "d:5672"), tasks=("t.add",))
+    by_lists = T.classify(T.split_malformed(T.per_message(events))[0])
+    by_numbers = T.classify(T.split_malformed(numeric.per_message(events, names))[0])
+    assert by_numbers.where("not exact").count() == 1  # replayed-twice: three runs
+    exact = by_numbers.where("exact").select("queue", "message_id")
+    by_lists, by_numbers = by_lists.join(exact, ["queue", "message_id"]), by_numbers.where("exact")
+    span = (10_000, 61_000)
+    expected = T.timeline_and_brokers(by_lists, span=span, max_buckets=20)
+    assert T.timeline_and_brokers(by_numbers, span, 20, brokers=names.brokers) == expected
+    assert {r["broker"] for r in expected[1]} == {A, B, "c:5672"}  # d:5672 was never seen
+
+
 def test_names_are_sampled_from_the_head_and_the_tail_of_each_file(tmp_path):
     from celery_beetle.audit import names
 

@@ -21,10 +21,13 @@ With ``tables=True`` (``beetle audit --tables``), also Parquet tables:
 ``latency/``, ``brokers/``
     Parquet: latency percentiles per task and queue; deliveries and publishes per broker.
 
-The input is read exactly once. The single aggregation (one shuffle) fills a cache of the
-per-message rows, in memory and spilled to local disk beyond it, so memory stays bounded
-whatever the trace's size; every figure after it is a small query over that cache, and the
-tables, when asked for, are written once from it after the verdict is known.
+The input is read once. The grouping (one shuffle; numbers only, :mod:`.numeric`, unless
+the tables are asked for) fills a cache of the per-message rows, in memory and spilled to
+local disk beyond it, so memory stays bounded whatever the trace's size; every figure after
+it is a small query over that cache, and the tables, when asked for, are written once from
+it after the verdict is known. The rare messages the numbers cannot judge exactly (a name the
+sample of the input missed, three runs) are judged again from their events, which reads the
+input a second time when there are any.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from celery_beetle.audit import class_cache, quiet, report, transforms
+from celery_beetle.audit import class_cache, names, numeric, quiet, report, transforms
 from celery_beetle.audit.schema import BAD_VERDICTS, SUMMARY_COUNTS
 
 __all__ = ["AuditResult", "build_session", "local_input_bytes", "main", "run_audit"]
@@ -290,20 +293,41 @@ def run_audit(
     restore = {k: str(spark.conf.get(k)) for k in settings}
     for key, value in settings.items():
         spark.conf.set(key, value)
-    raw = spark.read.schema(transforms.READ_SCHEMA).options(**transforms.read_options()).json(paths)
-    facts = transforms.per_message(transforms.mark_malformed(raw))
+    # Numbers only (.numeric), unless the tables want every message's runs, or a negative
+    # tolerance makes non-overlapping runs overlap (.numeric.per_message is exact from 0).
+    sampled = None if tables or skew_tolerance_ms < 0 else names.sample(paths)
+    events = transforms.mark_malformed(_read(spark, paths))
+    if sampled is None:
+        facts = transforms.per_message(events)
+    else:
+        facts = numeric.per_message(events, sampled)
     classified = transforms.classify(facts, skew_tolerance_ms)
-    if not tables:  # the summary's columns only: the runs and timestamps are large, and done
+    if not tables and sampled is None:  # the summary's columns only: the runs are large
         classified = classified.select(*SUMMARY_COLUMNS)
+    elif not tables:  # ... and a message's brokers as numbers, not lists
+        lists = ("published_brokers", "delivered_brokers")
+        kept = [k for k in SUMMARY_COLUMNS if k not in lists]
+        assert sampled is not None
+        classified = classified.select(*kept, *numeric.broker_columns(sampled), "exact")
+    brokers_named = sampled.brokers if sampled is not None else None
     # The one pass over the input fills this cache; every figure after it is a small query
     # over the per-message rows. Blocks that do not fit in memory go to local disk. Fewer,
     # larger partitions than the grouping's (merged without a shuffle) make those queries
     # cheaper: each partition is a task per query.
     cached = _partitions(spark, input_bytes, CACHE_BYTES_PER_PARTITION)
     classified = classified.coalesce(cached).persist(StorageLevel.MEMORY_AND_DISK)
+    again: DataFrame | None = None
     try:
         messages, malformed_df = transforms.split_malformed(classified)
         totals = transforms.totals(messages)
+        if totals.get(transforms.INEXACT):
+            assert sampled is not None
+            inexact = int(totals[transforms.INEXACT])
+            again = _judged_again(
+                spark, paths, messages, sampled, inexact, skew_tolerance_ms, cached
+            )
+            messages, brokers_named = again, None
+            totals = transforms.totals(messages)
         lap("read_and_group")
 
         begin("summarising")
@@ -317,7 +341,9 @@ def run_audit(
         )
         latency = transforms.latency_percentiles(messages)
         span = (totals[transforms.SPAN_KEYS[0]], totals[transforms.SPAN_KEYS[1]])
-        timeline, brokers = transforms.timeline_and_brokers(messages, span=span)
+        timeline, brokers = transforms.timeline_and_brokers(
+            messages, span=span, brokers=brokers_named
+        )
         samples = transforms.samples(messages, samples_per_class, counts=totals)
         samples["malformed_lines"] = [line[:300] for line in bad_lines]
         lap("summarise")
@@ -340,6 +366,8 @@ def run_audit(
             lap("tables")
     finally:
         classified.unpersist()
+        if again is not None:
+            again.unpersist()
         sc.setJobDescription(None)  # type: ignore[arg-type]
         for key, value in restore.items():
             spark.conf.set(key, value)
@@ -368,6 +396,44 @@ def run_audit(
     _put_text(spark, files["summary"], json.dumps(summary, indent=2, default=str) + "\n")
     _put_text(spark, files["report"], report.render(summary))
     return AuditResult(summary=summary, out_dir=out, files=files)
+
+
+def _read(spark: SparkSession, paths: list[str]) -> DataFrame:
+    reader = spark.read.schema(transforms.READ_SCHEMA).options(**transforms.read_options())
+    return reader.json(paths)
+
+
+#: Messages judged again by a broadcast join at most: their keys go to every task.
+BROADCAST_KEYS = 500_000
+
+
+def _judged_again(
+    spark: SparkSession,
+    paths: list[str],
+    messages: DataFrame,
+    sampled: names.Names,
+    count: int,
+    skew_tolerance_ms: int,
+    partitions: int,
+) -> DataFrame:
+    """The per-message table with its inexact messages judged again from their events, by
+    the per-message lists (:func:`.transforms.per_message`); cached.
+
+    Reads the input a second time, so it runs only when :func:`.numeric.per_message` left a
+    message inexact (a name the sample missed, three runs, a run started three times): a
+    trace without one is read once. The table it returns lists each message's brokers (the
+    names the sample missed have no number).
+    """
+    inexact = messages.where(~F.col("exact")).select("queue", "message_id")
+    if count <= BROADCAST_KEYS:  # else Spark joins by shuffling both sides
+        inexact = F.broadcast(inexact)
+    events = transforms.mark_malformed(_read(spark, paths)).where(~F.col("malformed"))
+    theirs = events.join(inexact, ["queue", "message_id"], "left_semi")
+    judged = transforms.classify(transforms.per_message(theirs), skew_tolerance_ms)
+    judged = judged.select(*SUMMARY_COLUMNS, F.lit(True).alias("exact"))
+    exact = numeric.with_broker_lists(messages.where(F.col("exact")), sampled)
+    patched = exact.select(*SUMMARY_COLUMNS, "exact").unionByName(judged)
+    return patched.coalesce(partitions).persist(StorageLevel.MEMORY_AND_DISK)
 
 
 #: The Parquet schemas of the two small tables (rows computed in Python from aggregates).

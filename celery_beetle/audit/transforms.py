@@ -9,6 +9,10 @@ Shape of the computation, chosen for 10 M events on two cores:
    publishing brokers, delivering brokers and the runs needed for overlap detection.
    Malformed lines ride along in the same shuffle under a null key, so counting them costs no
    second pass over the input; :func:`split_malformed` separates them afterwards.
+   :func:`.numeric.per_message` computes the same facts from numbers only (Spark's compiled
+   hash aggregation; the runs as numbers, not lists), and is what ``beetle audit`` uses for its
+   summary; this one remains for the Parquet tables, which keep every message's runs, and
+   for the rare messages the numbers cannot judge exactly.
 3. :func:`classify` gives each message one verdict from those facts; everything after that
    (:func:`totals`, :func:`latency_percentiles`, :func:`timeline_and_brokers`, …) is a small
    aggregation over the per-message table.
@@ -213,6 +217,7 @@ def timeline_and_brokers(
     classified: DataFrame,
     span: tuple[int | None, int | None],
     max_buckets: int = TIMELINE_BUCKETS,
+    brokers: tuple[str, ...] | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """``(timeline, brokers)`` in one pass over the per-message table.
 
@@ -231,7 +236,13 @@ def timeline_and_brokers(
     spreads each list's count over its brokers. No per-message ``explode`` and no lambda
     (Spark runs higher-order functions row by row, outside its generated code): at 1.45 M
     messages this pass takes about 3 s where the explodes of timeline and brokers took 8.
+
+    With ``brokers`` (the dictionary of :func:`.numeric.per_message`), a message's brokers are
+    read from its numbers (:func:`.numeric.broker_columns`) instead of its lists: a mask is
+    a cheaper key than a list, and the deliveries are sums.
     """
+    if brokers is not None:
+        return _timeline_and_brokers_from_numbers(classified, span, max_buckets, brokers)
     lo, hi = span
     bucket_s = 1
     if lo is not None:
@@ -276,10 +287,10 @@ def timeline_and_brokers(
             continue
         bucket = row[f"{event}_bucket"]
         if event == "published":
-            brokers = row["published_brokers"]
-            for broker in brokers:
+            listed = row["published_brokers"]
+            for broker in listed:
                 published[broker] = published.get(broker, 0) + n
-            named = [b if b is not None else "?" for b in brokers] or ["?"]
+            named = [b if b is not None else "?" for b in listed] or ["?"]
         else:
             named = [row[f"{event}_broker"]]
         if bucket is None or lo is None:
@@ -292,19 +303,109 @@ def timeline_and_brokers(
         for (b, e, k), n in sorted(counts.items(), key=lambda kv: kv[0])
     ]
     timeline = {"start_ms": lo, "bucket_s": bucket_s, "rows": found}
-    brokers = [
+    table = [
         {"broker": b, "deliveries": deliveries.get(b, 0), "published_messages": published.get(b, 0)}
         for b in sorted(set(deliveries) | set(published))
     ]
-    return timeline, brokers
+    return timeline, table
+
+
+def _span(span: tuple[int | None, int | None], max_buckets: int) -> tuple[int, int]:
+    """(first bucket's start, bucket width) in ms."""
+    lo, hi = span
+    bucket_s = 1
+    if lo is not None:
+        hi = hi if hi is not None else lo
+        bucket_s = max(1, math.ceil((hi - lo) / 1000 / max_buckets))
+    return (lo if lo is not None else 0), bucket_s * 1000
+
+
+def _timeline_and_brokers_from_numbers(
+    classified: DataFrame,
+    span: tuple[int | None, int | None],
+    max_buckets: int,
+    brokers: tuple[str, ...],
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """:func:`timeline_and_brokers` from a published mask and delivery counts per broker."""
+    base, width_ms = _span(span, max_buckets)
+    c = F.col
+    unknown = F.lit("?")
+    deliveries = [f"delivered_{b}" for b in range(1, len(brokers) + 1)]
+    rows = classified.select(
+        _bucket("first_published_ms", base, width_ms).alias("published_bucket"),
+        "published_mask",
+        _bucket("first_started_ms", base, width_ms).alias("started_bucket"),
+        F.coalesce(c("started_broker"), unknown).alias("started_broker"),
+        _bucket("first_completed_ms", base, width_ms).alias("completed_bucket"),
+        F.coalesce(c("completed_broker"), unknown).alias("completed_broker"),
+        *deliveries,
+    )
+    sets = [
+        ("published", ("published_bucket", "published_mask")),
+        ("started", ("started_bucket", "started_broker")),
+        ("completed", ("completed_bucket", "completed_broker")),
+    ]
+    keys = [k for _event, cols in sets for k in cols]
+    grouped = rows.groupingSets([list(cols) for _event, cols in sets], *keys).agg(
+        F.grouping_id().alias("_set"),
+        F.count(F.lit(1)).alias("messages"),
+        *[F.sum(d).alias(d) for d in deliveries],
+    )
+    ids = {
+        (1 << len(keys)) - 1 - sum(1 << (len(keys) - 1 - keys.index(k)) for k in cols): event
+        for event, cols in sets
+    }
+    counts: dict[tuple[int, str, str], int] = {}
+    delivered: dict[str, int] = {}
+    published: dict[str, int] = {}
+    for row in grouped.collect():
+        event, n = ids[row["_set"]], row["messages"]
+        bucket = row[f"{event}_bucket"]
+        if event == "published":
+            # every message is in one row of this set: the deliveries are summed over them
+            for name, d in zip(brokers, deliveries, strict=True):
+                if row[d]:
+                    delivered[name] = delivered.get(name, 0) + row[d]
+            mask = row["published_mask"]
+            named = [b for i, b in enumerate(brokers, start=1) if mask & (1 << i)]
+            for broker in named:
+                published[broker] = published.get(broker, 0) + n
+            named = named or ["?"]
+        else:
+            named = [row[f"{event}_broker"]]
+        if bucket is None or span[0] is None:
+            continue
+        for broker in named:
+            key = (bucket, event, broker)
+            counts[key] = counts.get(key, 0) + n
+    found = [
+        {"bucket": b, "event": e, "broker": k, "messages": n}
+        for (b, e, k), n in sorted(counts.items(), key=lambda kv: kv[0])
+    ]
+    timeline = {"start_ms": span[0], "bucket_s": width_ms // 1000, "rows": found}
+    table = [
+        {"broker": b, "deliveries": delivered.get(b, 0), "published_messages": published.get(b, 0)}
+        for b in sorted(set(delivered) | set(published))
+    ]
+    return timeline, table
 
 
 def split_malformed(facts: DataFrame) -> tuple[DataFrame, DataFrame]:
-    """``(messages, malformed)``: the per-message rows, and the one null-key malformed row."""
-    is_msg = F.col("message_id").isNotNull()
-    return facts.where(is_msg), facts.where(~is_msg).select(
-        "malformed_lines", "bad_line_min", "bad_line_max"
+    """``(messages, malformed)``: the per-message rows, and one row that counts the malformed
+    lines and holds two of them.
+
+    Malformed lines are the rows without a queue (every valid event has one): the one
+    null-key row of :func:`per_message`, or a row per distinct line from
+    :func:`.numeric.per_message`.
+    """
+    c = F.col
+    is_msg = c("queue").isNotNull()
+    malformed = facts.where(~is_msg).agg(
+        F.coalesce(F.sum("malformed_lines"), F.lit(0)).alias("malformed_lines"),
+        F.min("bad_line_min").alias("bad_line_min"),
+        F.max("bad_line_max").alias("bad_line_max"),
     )
+    return facts.where(is_msg), malformed
 
 
 def _overlap(tolerance_ms: int) -> Column:
@@ -349,7 +450,10 @@ def _overlap(tolerance_ms: int) -> Column:
 def classify(messages: DataFrame, skew_tolerance_ms: int = DEFAULT_SKEW_TOLERANCE_MS) -> DataFrame:
     """Add ``overlap``, ``verdict`` and the clamped latencies to the per-message facts."""
     c = F.col
-    overlap = F.when(c("n_started") > 1, _overlap(skew_tolerance_ms)).otherwise(F.lit(False))
+    if "run_events" in messages.columns:
+        overlap = F.when(c("n_started") > 1, _overlap(skew_tolerance_ms)).otherwise(F.lit(False))
+    else:  # numbers only (:func:`.numeric.per_message`): the largest overlap of two runs
+        overlap = F.coalesce(c("run_overlap_ms") > skew_tolerance_ms, F.lit(False))
     # A worker killed between storing its completion and writing the ``completed`` event
     # leaves no event, but the other copy's ``duplicate`` says the store holds "completed".
     unobserved = (c("n_completed") == 0) & (c("n_seen_completed") > 0)
@@ -381,6 +485,11 @@ def classify(messages: DataFrame, skew_tolerance_ms: int = DEFAULT_SKEW_TOLERANC
         .otherwise("untracked")
     )
 
+    if "published_mask" in messages.columns:  # numbers only: bit i for the i-th broker
+        n_brokers = F.bit_count("published_mask").cast("int")
+    else:
+        n_brokers = F.size("published_brokers")
+
     def clamp(a: str, b: str) -> Column:
         # greatest() skips nulls, so guard: a message never started has no latency, not 0.
         return F.when(c(a).isNotNull() & c(b).isNotNull(), F.greatest(c(b) - c(a), F.lit(0)))
@@ -388,7 +497,7 @@ def classify(messages: DataFrame, skew_tolerance_ms: int = DEFAULT_SKEW_TOLERANC
     return with_overlap.select(
         "*",
         verdict.alias("verdict"),
-        F.size("published_brokers").alias("n_published_brokers"),
+        n_brokers.alias("n_published_brokers"),
         clamp("first_published_ms", "first_started_ms").alias("publish_to_start_ms"),
         clamp("last_started_ms", "first_completed_ms").alias("start_to_complete_ms"),
         clamp("first_published_ms", "first_completed_ms").alias("publish_to_complete_ms"),
@@ -401,12 +510,16 @@ REDUNDANCY_KEYS = ("redundant_messages", "on_two_or_more_brokers", "on_one_broke
 #: ``totals``' extra keys: the first publish and the last completion, in ms (or None), for
 #: the timeline's span
 SPAN_KEYS = ("span_first_published_ms", "span_last_completed_ms")
+#: ``totals``' count of messages :func:`.numeric.per_message` could not judge exactly (when
+#: the table has its ``exact`` column)
+INEXACT = "inexact_messages"
 
 
 def totals(classified: DataFrame) -> dict[str, Any]:
     """Every whole-trace count in one pass: verdicts, retries and redundancy coverage, and
     the run's span (:data:`SPAN_KEYS`)."""
     c = F.col
+    exact = "exact" in classified.columns
     row = classified.agg(
         F.count(F.lit(1)).alias("messages"),
         *[F.count(F.when(c("verdict") == v, True)).alias(v) for v in VERDICTS],
@@ -422,6 +535,7 @@ def totals(classified: DataFrame) -> dict[str, Any]:
         ),
         F.min("first_published_ms").alias(SPAN_KEYS[0]),
         F.max("first_completed_ms").alias(SPAN_KEYS[1]),
+        *([F.count(F.when(~c("exact"), True)).alias(INEXACT)] if exact else []),
     ).first()
     assert row is not None
     values = row.asDict()
@@ -432,7 +546,7 @@ def totals(classified: DataFrame) -> dict[str, Any]:
 
 def verdict_counts(classified: DataFrame) -> dict[str, int]:
     """Counts per verdict plus retry totals, from the classified per-message table."""
-    skipped = (*REDUNDANCY_KEYS, *SPAN_KEYS)
+    skipped = (*REDUNDANCY_KEYS, *SPAN_KEYS, INEXACT)
     return {k: v for k, v in totals(classified).items() if k not in skipped}
 
 

@@ -285,7 +285,11 @@ class Nemesis(threading.Thread):
         deadline = time.monotonic() + 60
         for proc in self.helpers:
             try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
+                if proc.wait(max(0.1, deadline - time.monotonic())):
+                    # not a fault of the run (a migration refused mid-fault, an API of a
+                    # destroyed broker): its log under the run's directory says why
+                    command = " ".join(map(str, list(proc.args)[3:5]))  # type: ignore[arg-type]
+                    self.log.append(f"{command}: exit {proc.returncode}")
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()

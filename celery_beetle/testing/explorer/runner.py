@@ -231,6 +231,12 @@ class Run:
             self.app_conf["beetle_dedup_scopes"] = {SECOND_QUEUE: self.queue}
         #: indexes (into ``nodes``) of brokers destroyed for good in this run
         self.destroyed: set[int] = set()
+        #: an outbox row's id is its task id, a UUID (the outbox's own time-ordered kind,
+        #: made in the order of the enqueues, so a key's rows are published in that order)
+        from celery_beetle.outbox.ids import new_id
+
+        enqueues = sorted((i for i in scenario.items if i.kind == "outbox"), key=lambda i: i.at_s)
+        self.outbox_ids = {item.index: new_id() for item in enqueues}
         self.fleet = Fleet(self)
         self.relay = RelayProcess(self) if scenario.settings.outbox else None
         self.started = time.monotonic()
@@ -253,6 +259,8 @@ class Run:
         self.cluster.heal(frozenset(self.destroyed))
 
     def key(self, item: Item) -> str:
+        if item.kind == "outbox":
+            return self.outbox_ids[item.index]
         return f"s{self.scenario.seed}-{item.index}-{self.nonce}"
 
     def resolved(self, trace: checker.Trace, keys: set[str]) -> set[str]:

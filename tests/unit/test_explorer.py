@@ -544,3 +544,29 @@ def test_latency_and_a_policy_apply_excuse_nothing():
         assert _judged(plain, ev) == ["lost"], fault
         assert fault in allowed.THIRD_VERSION or fault == "relay_kill"
     assert {"retry", "rolled_back_ran"} <= set(allowed.RULES)
+
+
+def test_a_keys_rows_are_published_in_the_order_of_their_ids(tmp_path: Path):
+    import json
+
+    rows = {"a1": Item(0, "outbox", "commit", ordering_key="k0"),
+            "a2": Item(1, "outbox", "commit", ordering_key="k0"),
+            "a3": Item(2, "outbox", "commit", ordering_key="k1")}  # fmt: skip
+
+    def published(times: dict[str, int]) -> list[str]:
+        lines = [
+            {"ts_ms": ts, "event": "published", "message_id": mid, "queue": "q",
+             "detail": {"confirmed": True}}
+            for mid, ts in times.items()
+        ] + [{"ts_ms": 1, "event": "published", "message_id": "a2", "queue": "q",
+              "detail": {"confirmed": False}}]  # fmt: skip
+        (tmp_path / "relay.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        ev = _evidence("a1", rows["a1"], confirmed=set(rows), keys=rows)
+        ev.trace = checker.read_trace(tmp_path)
+        for key in rows:
+            ev.trace.completed[key] = 1
+        return [v.rule for v in checker.judge(Scenario(1, Settings(), tuple(rows.values())), ev)]
+
+    assert published({"a1": 10, "a2": 20, "a3": 5}) == []  # another key is not held back
+    assert published({"a1": 20, "a2": 10, "a3": 30}) == ["order"]
+    assert published({"a2": 10}) == []  # a row never published: judged as lost elsewhere

@@ -52,6 +52,9 @@ RULES: dict[str, str] = {
     "often as it asks, no more)",
     "rolled_back_ran": 'outbox.md "The outbox": "committed: both run once. Rolled back: '
     'neither ever runs" (no start, no outcome)',
+    "order": 'outbox.md "Per-key ordering": "tasks of one key are published one after '
+    "another, each once the one before it was confirmed by the brokers, in the order of "
+    'their ids" (the order they *run* in is not promised, and not judged)',
 }
 
 #: what the third version's items and faults allow, each from its doc (no rule of its own:

@@ -23,6 +23,7 @@ enqueue must never run at all.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -81,6 +82,8 @@ class Trace:
     first_dead_s: dict[str, float] = field(default_factory=dict)
     replays: Counter[str] = field(default_factory=Counter)
     seen_completed: set[str] = field(default_factory=set)
+    #: per message id, when its first confirmed ``published`` event was written (ms)
+    first_published_ms: dict[str, int] = field(default_factory=dict)
 
     def is_completed(self, task_id: str) -> bool:
         return bool(self.completed[task_id]) or task_id in self.seen_completed
@@ -100,6 +103,11 @@ def read_trace(trace_dir: Path) -> Trace:
             if event == "replayed":
                 replays.append(str(rec.get("message_id")))
                 continue
+            if event == "published" and (rec.get("detail") or {}).get("confirmed") is True:
+                when_ms, mid = int(rec.get("ts_ms") or 0), str(rec.get("message_id"))
+                trace.first_published_ms[mid] = min(
+                    when_ms, trace.first_published_ms.get(mid, when_ms)
+                )
             if not task_id:
                 continue
             message_id = str(rec.get("message_id"))
@@ -338,6 +346,27 @@ def _judge_rolled_back(key: str, ev: Evidence) -> list[Violation]:
     return []
 
 
+def _judge_order(ev: Evidence) -> list[Violation]:
+    """outbox.md "Per-key ordering": a key's rows are published in the order of their ids,
+    each once the one before it was confirmed (so the first confirmed publish of each comes
+    no earlier than the one of the row before it)."""
+    by_key: dict[str, list[str]] = defaultdict(list)
+    for key in ev.confirmed:
+        item = ev.keys[key]
+        if item.kind == "outbox" and item.ordering_key:
+            by_key[item.ordering_key].append(key)
+    found = []
+    first = ev.trace.first_published_ms
+    for ordering_key, rows in sorted(by_key.items()):
+        published = [row for row in sorted(rows) if row in first]
+        for before, after in itertools.pairwise(published):
+            if first[after] < first[before]:
+                early = first[before] - first[after]
+                detail = f"key {ordering_key}: published {early} ms before {before}, a row before"
+                found.append(Violation("order", after, detail))
+    return found
+
+
 def _judge_plain(key: str, ev: Evidence) -> list[Violation]:
     entry = ev.ledger.entry(key)
     kills = sum(ev.faults[k] for k in (*WORKER_KILLS, "worker_term"))
@@ -377,6 +406,7 @@ def judge(scenario: Scenario, ev: Evidence) -> list[Violation]:
             found += _judge_second(scenario, key, item, ev)
     for key in sorted(ev.rolled_back):
         found += _judge_rolled_back(key, ev)
+    found += _judge_order(ev)
     found = _tolerate_start_window(found, ev)
     for queue, keys in sorted(ev.leftover.items()):
         # a surplus copy of a message that has its outcome is explained: the next worker

@@ -5,6 +5,8 @@ a switch drops the link (connections reset, new ones refused) or a host freezes 
 open and nothing moves). `cut()` and `stall()` give those two faults; `restore()` heals both.
 `hold_replies()` forwards requests but holds every reply: the server applies a command whose
 reply never reaches a client that gives up waiting, which is how a reply gets lost.
+`delay(ms)` adds latency: every byte waits `ms` in the proxy before it is written on, both
+ways (a slow link, not a broken one: nothing is lost or reordered); `restore()` ends it.
 
 One thread runs a selectors loop. Control calls are queued to that thread and return once it has
 applied them, so after `cut()` returns every connection through the proxy is already reset.
@@ -17,11 +19,15 @@ import selectors
 import socket
 import struct
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 
 from celery_beetle.testing.ports import free_port
 
 _CHUNK = 65536
+#: bytes a direction may hold back under `delay()` before the proxy stops reading it
+_DELAYED_MAX = 1 << 20
 
 
 class _Link:
@@ -32,6 +38,14 @@ class _Link:
         self.upstream = upstream
         self.pending: dict[socket.socket, bytearray] = {client: bytearray(), upstream: bytearray()}
         self.read_done: set[socket.socket] = set()
+        #: per socket to write to: (monotonic time due, bytes) waiting out `delay()`
+        self.delayed: dict[socket.socket, deque[tuple[float, bytes]]] = {
+            client: deque(),
+            upstream: deque(),
+        }
+
+    def delayed_bytes(self, sock: socket.socket) -> int:
+        return sum(len(data) for _, data in self.delayed[sock])
 
     def peer(self, sock: socket.socket) -> socket.socket:
         return self.upstream if sock is self.client else self.client
@@ -39,7 +53,11 @@ class _Link:
     @property
     def finished(self) -> bool:
         """Both sides sent EOF and everything read has been written on."""
-        return len(self.read_done) == 2 and not any(self.pending.values())
+        return (
+            len(self.read_done) == 2
+            and not any(self.pending.values())
+            and not any(self.delayed.values())
+        )
 
 
 class _Command:
@@ -59,6 +77,7 @@ class TcpProxy:
         self.connect_timeout = connect_timeout
         self.port = 0
         self.state = "closed"  # forwarding | holding | stalled | cut | closed
+        self.delay_ms = 0  # added one-way latency while forwarding (`delay()`)
         self._selector = selectors.DefaultSelector()
         self._listener: socket.socket | None = None
         self._links: dict[socket.socket, _Link] = {}
@@ -110,8 +129,14 @@ class TcpProxy:
         """Forward client bytes to the server, but hold the server's bytes until `restore()`."""
         self._call(self._do_hold)
 
+    def delay(self, ms: int) -> None:
+        """Hold every byte `ms` milliseconds before writing it on, both ways, until
+        `restore()` (a link with added latency; order and content unchanged)."""
+        self._call(lambda: self._do_delay(ms))
+
     def restore(self) -> None:
-        """Forward again: stalled bytes flow on; after a cut, new connections are accepted."""
+        """Forward again: stalled bytes flow on; after a cut, new connections are accepted;
+        added latency ends (bytes still held are written on at once, in order)."""
         self._call(self._do_restore)
 
     def close(self) -> None:
@@ -147,7 +172,7 @@ class TcpProxy:
 
     def _run(self) -> None:
         while self.state != "closed":
-            for key, events in self._selector.select():
+            for key, events in self._selector.select(self._next_due()):
                 sock = key.fileobj
                 if sock is self._waker_r:
                     self._run_commands()
@@ -155,6 +180,24 @@ class TcpProxy:
                     self._accept()
                 elif sock in self._links:
                     self._service(self._links[sock], sock, events)
+            self._release_due()
+
+    def _next_due(self) -> float | None:
+        """Seconds until the next delayed bytes are due (None: nothing delayed)."""
+        due = [queue[0][0] for link in self._links.values() for queue in link.delayed.values()
+               if queue]  # fmt: skip
+        return max(0.0, min(due) - time.monotonic()) if due else None
+
+    def _release_due(self, everything: bool = False) -> None:
+        now = time.monotonic()
+        for link in {id(link): link for link in self._links.values()}.values():
+            moved = False
+            for sock, queue in link.delayed.items():
+                while queue and (everything or queue[0][0] <= now):
+                    link.pending[sock] += queue.popleft()[1]
+                    moved = True
+            if moved:
+                self._update(link)
 
     def _run_commands(self) -> None:
         self._waker_r.recv(_CHUNK)
@@ -200,16 +243,18 @@ class TcpProxy:
                 buffer = link.pending[sock]
                 sent = sock.send(buffer)
                 del buffer[:sent]
-                if not buffer and link.peer(sock) in link.read_done:
+                if not buffer and not link.delayed[sock] and link.peer(sock) in link.read_done:
                     sock.shutdown(socket.SHUT_WR)
             if events & selectors.EVENT_READ:
                 data = sock.recv(_CHUNK)
                 peer = link.peer(sock)
-                if data:
+                if data and self.delay_ms:
+                    link.delayed[peer].append((time.monotonic() + self.delay_ms / 1000, data))
+                elif data:
                     link.pending[peer] += data
                 else:
                     link.read_done.add(sock)
-                    if not link.pending[peer]:
+                    if not link.pending[peer] and not link.delayed[peer]:
                         peer.shutdown(socket.SHUT_WR)
         except OSError:
             self._drop(link, reset=True)
@@ -226,8 +271,14 @@ class TcpProxy:
             if self.state in ("forwarding", "holding"):
                 # holding: nothing read from the server, nothing written to the client
                 held = self.state == "holding"
-                # Read only when the bytes read before have been written on (backpressure).
-                readable = sock not in link.read_done and not link.pending[link.peer(sock)]
+                # Read only when the bytes read before have been written on (backpressure);
+                # under `delay()` up to _DELAYED_MAX may wait to be written on.
+                peer = link.peer(sock)
+                readable = (
+                    sock not in link.read_done
+                    and not link.pending[peer]
+                    and link.delayed_bytes(peer) < _DELAYED_MAX
+                )
                 if readable and not (held and sock is link.upstream):
                     mask |= selectors.EVENT_READ
                 if link.pending[sock] and not (held and sock is link.client):
@@ -287,9 +338,14 @@ class TcpProxy:
         for link in list(self._links.values()):
             self._update(link)
 
+    def _do_delay(self, ms: int) -> None:
+        self.delay_ms = max(0, int(ms))
+
     def _do_restore(self) -> None:
         if self._listener is None:
             self._listen()  # same port: clients reconnect to the address they know
+        self.delay_ms = 0
+        self._release_due(everything=True)
         self.state = "forwarding"
         self._set_listening(True)
         for link in list(self._links.values()):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import socketserver
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -147,3 +148,25 @@ def test_close_ends_open_connections_and_the_listener(echo_port: int) -> None:
         sock.recv(1)
     with pytest.raises(ConnectionRefusedError):
         _connect(proxy)
+
+
+def test_delay_adds_latency_both_ways_in_order_and_restore_ends_it(proxy: TcpProxy) -> None:
+    with _connect(proxy, timeout=5) as sock:
+        proxy.delay(150)
+        began = time.monotonic()
+        sock.sendall(b"slow")
+        sock.sendall(b"ly")
+        assert _recv_exactly(sock, 6) == b"slowly"  # out and back: two delays, in order
+        assert time.monotonic() - began >= 0.29
+        payload = bytes(range(256)) * 8192  # 2 MiB: more than a direction may hold back
+        received: list[bytes] = []
+        reader = threading.Thread(target=lambda: received.append(_recv_exactly(sock, len(payload))))
+        reader.start()
+        sock.sendall(payload)
+        reader.join(timeout=20)
+        assert received == [payload]
+        proxy.restore()
+        began = time.monotonic()
+        sock.sendall(b"fast")
+        assert _recv_exactly(sock, 4) == b"fast"
+        assert time.monotonic() - began < 0.1

@@ -19,7 +19,11 @@ Tasks (each writes ``start``/``end``/``fail`` to the ledger; the key is the task
 - ``ex.inbox(sleep_s)``: inserts its effect row behind ``inbox.once`` in one transaction,
   notes ``committed``, then sleeps ``sleep_s`` (the window where a kill finds the effect
   committed and the completion not stored);
-- ``ex.plain(sleep_s)``: a plain Celery task (one broker, acked early, as on pyamqp).
+- ``ex.plain(sleep_s)``: a plain Celery task (one broker, acked early, as on pyamqp);
+- ``ex.retry(retries, retry_s, sleep_s)``: sleeps, then calls ``self.retry(countdown=retry_s)``
+  until Celery's ``retries`` reach ``retries``, then returns. Each retry is a new message,
+  ``<task id>:retry-N`` (README "Celery features"), so the ledger keys each run by that
+  message id (:func:`celery_beetle.task.message_id_for`) and notes ``retry`` before the call.
 """
 
 from __future__ import annotations
@@ -115,6 +119,19 @@ def make_app(
             session.execute(sa.insert(EFFECTS), [{"key": key}])
         note(ledger_dir, "committed", key)
         time.sleep(sleep_s)
+        note(ledger_dir, "end", key)
+        return key
+
+    @app.task(base=BeetleTask, bind=True, name="ex.retry", shared=False, **options)
+    def retry_task(self: Any, retries: int, retry_s: float, sleep_s: float) -> str:
+        from celery_beetle.task import message_id_for
+
+        key = message_id_for(str(self.request.id), self.request.retries)
+        note(ledger_dir, "start", key)
+        time.sleep(sleep_s)
+        if (self.request.retries or 0) < retries:
+            note(ledger_dir, "retry", key)
+            raise self.retry(countdown=retry_s, max_retries=retries)
         note(ledger_dir, "end", key)
         return key
 

@@ -11,10 +11,19 @@ A dead letter blamed on a fault is allowed only with the ledger's proof: an ``ok
 end dead-lettered for ``attempts_limit`` only if it *started* ``attempts`` times, and a body
 that returned may end dead-lettered only if a fault killed its process after it returned
 (its completion may not have been stored).
+
+The third version's items are judged message by message with the same rules: each member
+of a group as the ``ex.work`` body it names; a ``self.retry`` body as one message per run
+(``<task id>``, ``<task id>:retry-1``...: the trace and the ledger know each by that
+message id), the next awaited once the one before completed (its Retry was published
+before it completed), and judged when it shows up anyway; a committed outbox enqueue and a
+message published to two queues of one scope as an ``ok`` body, once; a rolled-back
+enqueue must never run at all.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -26,9 +35,22 @@ from celery_beetle.testing.explorer import allowed
 from celery_beetle.testing.explorer.ledger import Entry, Ledger
 from celery_beetle.testing.explorer.scenario import Item, Scenario
 
-__all__ = ["Evidence", "Trace", "Violation", "awaited", "judge", "read_trace", "second_key"]
+__all__ = [
+    "BEETLE_KINDS",
+    "Evidence",
+    "Trace",
+    "Violation",
+    "awaited",
+    "judge",
+    "member_key",
+    "read_trace",
+    "retry_key",
+    "second_key",
+]
 
 WORKER_KILLS = ("worker_kill", "pool_kill")
+#: items whose messages are BeetleTasks (awaited by the drain, judged by :func:`_judge_beetle`)
+BEETLE_KINDS = ("work", "inbox", "chain", "retry", "group", "outbox", "scoped")
 DONE = naive.DONE_STATUS
 BROKER_FAULTS = ("broker_kill", "broker_freeze")
 #: a candidate rule, judged over the whole run (:func:`_tolerate_start_window`)
@@ -60,6 +82,8 @@ class Trace:
     first_dead_s: dict[str, float] = field(default_factory=dict)
     replays: Counter[str] = field(default_factory=Counter)
     seen_completed: set[str] = field(default_factory=set)
+    #: per message id, when its first confirmed ``published`` event was written (ms)
+    first_published_ms: dict[str, int] = field(default_factory=dict)
 
     def is_completed(self, task_id: str) -> bool:
         return bool(self.completed[task_id]) or task_id in self.seen_completed
@@ -79,9 +103,17 @@ def read_trace(trace_dir: Path) -> Trace:
             if event == "replayed":
                 replays.append(str(rec.get("message_id")))
                 continue
+            if event == "published" and (rec.get("detail") or {}).get("confirmed") is True:
+                when_ms, mid = int(rec.get("ts_ms") or 0), str(rec.get("message_id"))
+                trace.first_published_ms[mid] = min(
+                    when_ms, trace.first_published_ms.get(mid, when_ms)
+                )
             if not task_id:
                 continue
-            by_message[str(rec.get("message_id"))] = task_id
+            message_id = str(rec.get("message_id"))
+            if ":retry-" in message_id:  # a ``self.retry``: a message of its own, same task id
+                task_id = message_id
+            by_message[message_id] = task_id
             if event == "completed":
                 trace.completed[task_id] += 1
             elif event == "started":
@@ -120,6 +152,10 @@ class Evidence:
     unresolved: set[str] = field(default_factory=set)  # keys without an outcome at the end
     #: (from, to) times Redis could not store anything (killed, refusing writes, cut off)
     redis_outages: list[tuple[float, float]] = field(default_factory=list)
+    #: outbox enqueues whose transaction rolled back (never to run)
+    rolled_back: set[str] = field(default_factory=set)
+    #: indexes of the brokers destroyed for good during the run
+    destroyed: set[int] = field(default_factory=set)
 
 
 def second_key(key: str) -> str:
@@ -127,11 +163,35 @@ def second_key(key: str) -> str:
     return f"{key}c"
 
 
+def member_key(key: str, n: int) -> str:
+    """The task id of a group's ``n``-th member."""
+    return f"{key}g{n}"
+
+
+def retry_key(key: str, n: int) -> str:
+    """The message id of a ``self.retry`` body's ``n``-th retry (``n`` = 0: the first run)."""
+    from celery_beetle.task import message_id_for
+
+    return message_id_for(key, n)
+
+
 def awaited(beetle: set[str], keys: dict[str, Item], trace: Trace) -> set[str]:
-    """The BeetleTasks whose outcome the drain waits for: the confirmed ones, and the second
-    task of every chain whose first completed."""
-    follow = {second_key(k) for k in beetle if keys[k].kind == "chain" and trace.is_completed(k)}
-    return beetle | follow
+    """The messages whose outcome the drain waits for: the confirmed BeetleTasks (a group's
+    members rather than the group), the second task of every chain whose first completed,
+    and the next run of a ``self.retry`` body whose run before completed."""
+    out = {k for k in beetle if keys[k].kind != "group"}
+    for k in beetle:
+        item = keys[k]
+        if item.kind == "chain" and trace.is_completed(k):
+            out.add(second_key(k))
+        elif item.kind == "group":
+            out |= {member_key(k, n) for n in range(len(item.members))}
+        elif item.kind == "retry":
+            for n in range(item.retries):
+                if not trace.is_completed(retry_key(k, n)):
+                    break
+                out.add(retry_key(k, n + 1))
+    return out
 
 
 def _killed_after(entry_ts: float, pid: int, kills: list[tuple[float, set[int]]]) -> bool:
@@ -243,10 +303,76 @@ def _judge_second(scenario: Scenario, key: str, item: Item, ev: Evidence) -> lis
     return []
 
 
+def _judge_group(scenario: Scenario, key: str, item: Item, ev: Evidence) -> list[Violation]:
+    """Each member as the ``ex.work`` body it names (Celery's group: every member is
+    published, each runs once as any BeetleTask)."""
+    found: list[Violation] = []
+    for n, mode in enumerate(item.members):
+        found += _judge_beetle(scenario, member_key(key, n), Item(item.index, "work", mode), ev)
+    return found
+
+
+def _judge_retry(scenario: Scenario, key: str, item: Item, ev: Evidence) -> list[Violation]:
+    """Each run of a ``self.retry`` body as a message of its own (an ``ok`` body: a run that
+    calls ``self.retry`` is completed once the retry is published). A retry whose run before
+    it completed must have its outcome; one whose run before did not may still exist (its
+    sender published it, then was killed before its completion): judged when it shows up."""
+    found: list[Violation] = []
+    ok = Item(item.index, "work", "ok")
+    for n in range(item.retries + 1):
+        message = retry_key(key, n)
+        sent = not n or ev.trace.is_completed(retry_key(key, n - 1))
+        if not sent and not (ev.ledger.entry(message).starts or _outcomes(message, ev)):
+            continue
+        found += _judge_beetle(scenario, message, ok, ev)
+        if n < item.retries and ev.trace.is_completed(message) and not _retried(message, ev):
+            found.append(Violation("retry", message, "completed without calling self.retry"))
+    if ev.ledger.entry(retry_key(key, item.retries)).retried:
+        found.append(Violation("retry", key, f"retried more than {item.retries} time(s)"))
+    return found
+
+
+def _retried(message: str, ev: Evidence) -> bool:
+    return bool(ev.ledger.entry(message).retried)
+
+
+def _judge_rolled_back(key: str, ev: Evidence) -> list[Violation]:
+    """README "The outbox": rolled back, it never runs (no start, no outcome, no message)."""
+    entry = ev.ledger.entry(key)
+    seen = _outcomes(key, ev) | ({"started"} if ev.trace.started[key] else set())
+    if entry.starts or seen:
+        detail = f"{len(entry.starts)} start(s), trace {sorted(seen)}"
+        return [Violation("rolled_back_ran", key, f"rolled back, yet it ran: {detail}")]
+    return []
+
+
+def _judge_order(ev: Evidence) -> list[Violation]:
+    """outbox.md "Per-key ordering": a key's rows are published in the order of their ids,
+    each once the one before it was confirmed (so the first confirmed publish of each comes
+    no earlier than the one of the row before it)."""
+    by_key: dict[str, list[str]] = defaultdict(list)
+    for key in ev.confirmed:
+        item = ev.keys[key]
+        if item.kind == "outbox" and item.ordering_key:
+            by_key[item.ordering_key].append(key)
+    found = []
+    first = ev.trace.first_published_ms
+    for ordering_key, rows in sorted(by_key.items()):
+        published = [row for row in sorted(rows) if row in first]
+        for before, after in itertools.pairwise(published):
+            if first[after] < first[before]:
+                early = first[before] - first[after]
+                detail = f"key {ordering_key}: published {early} ms before {before}, a row before"
+                found.append(Violation("order", after, detail))
+    return found
+
+
 def _judge_plain(key: str, ev: Evidence) -> list[Violation]:
     entry = ev.ledger.entry(key)
     kills = sum(ev.faults[k] for k in (*WORKER_KILLS, "worker_term"))
     broker_faults = sum(ev.faults[k] for k in BROKER_FAULTS)
+    if not entry.starts and allowed.one_copy_may_be_lost(ev.faults["broker_destroy"]):
+        return []
     link_faults = sum(ev.faults[k] for k in BROKER_LINK_FAULTS)
     if not entry.starts and not allowed.plain_may_be_lost(kills, broker_faults):
         return [Violation("lost", key, "plain task never ran, and no fault could lose it")]
@@ -268,10 +394,19 @@ def judge(scenario: Scenario, ev: Evidence) -> list[Violation]:
         item = ev.keys[key]
         if item.kind == "plain":
             found += _judge_plain(key, ev)
+        elif item.kind == "group":
+            found += _judge_group(scenario, key, item, ev)
+        elif item.kind == "retry":
+            found += _judge_retry(scenario, key, item, ev)
+        elif item.kind == "bad" and _on_a_destroyed_broker(scenario, item, key, ev):
+            continue
         else:
             found += _judge_beetle(scenario, key, item, ev)
         if item.kind == "chain":
             found += _judge_second(scenario, key, item, ev)
+    for key in sorted(ev.rolled_back):
+        found += _judge_rolled_back(key, ev)
+    found += _judge_order(ev)
     found = _tolerate_start_window(found, ev)
     for queue, keys in sorted(ev.leftover.items()):
         # a surplus copy of a message that has its outcome is explained: the next worker
@@ -280,6 +415,13 @@ def judge(scenario: Scenario, ev: Evidence) -> list[Violation]:
         if unexplained:
             found.append(Violation("leftover", queue, f"left at the end: {unexplained[:10]}"))
     return found
+
+
+def _on_a_destroyed_broker(scenario: Scenario, item: Item, key: str, ev: Evidence) -> bool:
+    """A raw message has one copy, on broker ``index % brokers``: gone with that broker,
+    when it was destroyed for good before anyone took it (no outcome at all)."""
+    node = item.index % scenario.settings.brokers
+    return node in ev.destroyed and allowed.one_copy_may_be_lost(1) and not _outcomes(key, ev)
 
 
 def _tolerate_start_window(found: list[Violation], ev: Evidence) -> list[Violation]:

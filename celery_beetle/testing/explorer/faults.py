@@ -7,12 +7,23 @@ dead replay``) as a subprocess. Each is recorded with its wall-clock time and, f
 SIGKILL, the pids it killed: the checker needs them to decide whether a body that returned
 could have lost its completion (:mod:`.checker`). A fault heals itself after its
 ``duration_s`` (a killed process restarts, a frozen one resumes), so a run always ends with
-every server up and every worker slot filled.
+every server up and every worker slot filled, but a broker destroyed for good
+(``broker_destroy``), which stays down until the run is judged.
+
+The third version's faults: ``relay_kill`` (the run's ``beetle relay``, SIGKILL, restarted
+after ``duration_s``), ``broker_destroy`` (a node killed -9 and never brought back into the
+run: its copies and dead letters are gone for good; drawn only with three brokers, one
+being within N-2), ``queues_apply`` (``beetle queues apply`` of policies that bound nothing
+the run reaches, a day's TTL and a million messages, to the run's queues on every broker)
+and ``latency`` (``delay_ms`` added each way on one broker's link, or Redis's, through the
+proxy, for ``duration_s``). A fault that finds nothing to act on (a broker fault aimed at a
+destroyed node) is logged as skipped and not counted.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -55,9 +66,17 @@ class Nemesis(threading.Thread):
             if wait > 0 and self.stopping.wait(wait):
                 return
             try:
-                getattr(self, f"_{fault.kind}")(fault.target, fault.duration_s)
+                handler = getattr(self, f"_{fault.kind}")
+                if fault.kind == "latency":
+                    applied = handler(fault.target, fault.duration_s, fault.delay_ms)
+                else:
+                    applied = handler(fault.target, fault.duration_s)
+                when = f"{time.monotonic() - self.run_.started:6.1f}s"
+                if applied is False:
+                    self.log.append(f"{when} {fault.kind} skipped: nothing to act on")
+                    continue
                 self.counts[fault.kind] += 1
-                self.log.append(f"{time.monotonic() - self.run_.started:6.1f}s {fault.kind}")
+                self.log.append(f"{when} {fault.kind}")
             except Exception as exc:  # a fault that could not be applied is noted, not fatal
                 self.errors.append(f"{fault.kind}: {type(exc).__name__}: {exc}")
 
@@ -100,17 +119,40 @@ class Nemesis(threading.Thread):
 
     # -- servers -----------------------------------------------------------------------------
 
-    def _broker_kill(self, target: int, duration_s: float) -> None:
-        node = self.run_.nodes[target % len(self.run_.nodes)]
+    def _broker_kill(self, target: int, duration_s: float) -> bool:
+        n = target % len(self.run_.nodes)
+        if n in self.run_.destroyed:
+            return False
+        node = self.run_.nodes[n]
         node.kill()
         self.stopping.wait(duration_s)
-        node.start()
+        if n not in self.run_.destroyed:  # destroyed meanwhile: it stays down
+            node.start()
+        return True
 
-    def _broker_freeze(self, target: int, duration_s: float) -> None:
-        node = self.run_.nodes[target % len(self.run_.nodes)]
+    def _broker_freeze(self, target: int, duration_s: float) -> bool:
+        n = target % len(self.run_.nodes)
+        if n in self.run_.destroyed:
+            return False
+        node = self.run_.nodes[n]
         node.pause()
         self.stopping.wait(duration_s)
-        node.resume()
+        if n not in self.run_.destroyed:
+            node.resume()
+        return True
+
+    def _broker_destroy(self, target: int, duration_s: float) -> bool:
+        """Killed -9 and kept out of the run for good (the cluster brings a node back at
+        that address only for the next scenario)."""
+        run = self.run_
+        n = target % len(run.nodes)
+        if len(run.nodes) - len(run.destroyed) <= 2:
+            return False  # within N-2: never the second broker of two
+        run.destroyed.add(n)
+        if run.nodes[n].is_paused:
+            run.nodes[n].resume()
+        run.nodes[n].kill()
+        return True
 
     def _redis_kill(self, target: int, duration_s: float) -> None:
         began = time.time()
@@ -156,6 +198,16 @@ class Nemesis(threading.Thread):
         self.stopping.wait(duration_s)
         proxy.restore()
 
+    def _latency(self, target: int, duration_s: float, delay_ms: int) -> None:
+        """``delay_ms`` more each way on one link: a broker's (``target`` below the number
+        of brokers) or Redis's; restored after ``duration_s``."""
+        run = self.run_
+        proxy = run.proxies[target] if target < len(run.proxies) else run.cluster.redis_proxy
+        assert proxy is not None
+        proxy.delay(delay_ms)
+        self.stopping.wait(duration_s)
+        proxy.restore()
+
     def _redis_partition(self, target: int, duration_s: float) -> None:
         proxy = self.run_.cluster.redis_proxy
         assert proxy is not None
@@ -194,6 +246,28 @@ class Nemesis(threading.Thread):
             args += ["--management-url", f"{proxy.host_port}={api}"]
         self._beetle("migrate", *args)
 
+    def _queues_apply(self, target: int, duration_s: float) -> None:
+        """``beetle queues apply`` of policies that bound nothing the run reaches: a day's
+        TTL and a million messages per queue (operations.md "Queue policies")."""
+        run = self.run_
+        bounds = {"message_ttl_ms": 86_400_000, "max_length": 1_000_000}
+        config = run.base / "policies.json"
+        config.write_text(json.dumps({"queues": {queue: bounds for queue in run.queues}}))
+        args = ["queues", "apply", "--broker", run.url, "--config", str(config)]
+        for node, proxy in zip(run.nodes, run.proxies, strict=True):
+            api = f"http://{node.host}:{node.management_port}"
+            args += ["--management-url", f"{proxy.host_port}={api}"]
+        self._beetle("queues_apply", *args)
+
+    def _relay_kill(self, target: int, duration_s: float) -> bool:
+        relay = self.run_.relay
+        if relay is None:
+            return False
+        relay.kill()  # not in :attr:`kills`: no body runs in the relay
+        self.stopping.wait(duration_s)
+        relay.start()
+        return True
+
     def _replay(self, target: int, duration_s: float) -> None:
         run = self.run_
         args = ["dead", "replay", run.queue, "--all", "--broker", run.url]
@@ -211,7 +285,11 @@ class Nemesis(threading.Thread):
         deadline = time.monotonic() + 60
         for proc in self.helpers:
             try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
+                if proc.wait(max(0.1, deadline - time.monotonic())):
+                    # not a fault of the run (a migration refused mid-fault, an API of a
+                    # destroyed broker): its log under the run's directory says why
+                    command = " ".join(map(str, list(proc.args)[3:5]))  # type: ignore[arg-type]
+                    self.log.append(f"{command}: exit {proc.returncode}")
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()

@@ -4,7 +4,8 @@ The trace says what the worker *decided*; the ledger says what the body *did*. E
 appends JSON lines to a file of its own process (``ledger-<pid>.jsonl``, opened with
 ``O_APPEND`` and written with one ``write`` per line, so a SIGKILL leaves whole lines):
 ``start`` when the body begins, ``committed`` when an inbox body's transaction committed,
-``end`` when it returns, ``fail`` when it raises. The checker counts starts per message
+``end`` when it returns, ``fail`` when it raises, ``retry`` before it calls ``self.retry``
+(not an end: the retry's publish may still fail). The checker counts starts per message
 against ``attempts`` ("how many times a message may start") and asks, for every dead letter,
 whether the bodies it blames ever began.
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 
 __all__ = ["Entry", "Ledger", "note", "read", "read_dir"]
 
-EVENTS = ("start", "committed", "end", "fail")
+EVENTS = ("start", "committed", "end", "fail", "retry")
 
 
 def note(directory: str, event: str, key: str, **fields: object) -> None:
@@ -42,6 +43,7 @@ class Entry:
     ends: list[tuple[float, int]] = field(default_factory=list)
     fails: int = 0
     committed: list[tuple[float, int]] = field(default_factory=list)
+    retried: list[tuple[float, int]] = field(default_factory=list)
 
 
 class Ledger(dict[str, Entry]):
@@ -72,6 +74,8 @@ def read(paths: Iterable[Path]) -> Ledger:
                 e.ends.append((ts, pid))
             elif event == "committed":
                 e.committed.append((ts, pid))
+            elif event == "retry":
+                e.retried.append((ts, pid))
             elif event == "fail":
                 e.fails += 1
             else:

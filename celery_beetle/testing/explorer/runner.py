@@ -4,8 +4,9 @@ The servers (three RabbitMQ nodes, a Redis with ``appendfsync always`` so that a
 loses no acknowledged write, a PostgreSQL for the inbox) start once per batch
 (:class:`Cluster`, ~5 s a node); each scenario gets a fresh vhost on every node, an empty
 Redis and a fresh database, so scenarios share nothing but the processes. Workers are
-``celery worker`` subprocesses of :mod:`.app` (killable by pid), the publisher a thread of
-this process publishing each item at its time, the nemesis (:mod:`.faults`) a thread.
+``celery worker`` subprocesses of :mod:`.app` (killable by pid), the publisher
+(:mod:`.publish`) a thread of this process publishing each item at its time, the nemesis
+(:mod:`.faults`) a thread, and with the outbox a ``beetle relay`` subprocess (:mod:`.relay`).
 
 A run ends by itself: after the last publish and the last fault every server is healed and
 every worker slot filled; the run then waits (bounded) until every confirmed BeetleTask has
@@ -26,13 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kombu import Connection
-
 from celery_beetle.audit import naive
 from celery_beetle.testing.explorer import checker
 from celery_beetle.testing.explorer.faults import Nemesis
 from celery_beetle.testing.explorer.ledger import read_dir
-from celery_beetle.testing.explorer.scenario import Item, Scenario
+from celery_beetle.testing.explorer.publish import Publisher
+from celery_beetle.testing.explorer.relay import RelayProcess
+from celery_beetle.testing.explorer.scenario import SECOND_QUEUE, Item, Scenario
 from celery_beetle.testing.proxy import TcpProxy
 from celery_beetle.testing.rabbit import RabbitNode, beetle_url, start_all
 from celery_beetle.testing.redis_server import RedisServer
@@ -86,15 +87,19 @@ class Cluster:
             self.pg.start()
         return self.pg
 
-    def heal(self) -> None:
-        """Every server up, unfrozen, reachable and accepting writes (what a fault left)."""
+    def heal(self, destroyed: frozenset[int] = frozenset()) -> None:
+        """Every server up, unfrozen, reachable and accepting writes (what a fault left),
+        but the nodes ``destroyed`` for good in the running scenario, which stay down until
+        it is judged."""
         for proxy in [*self.proxies, self.redis_proxy]:
-            if proxy is not None and proxy.state != "forwarding":
+            if proxy is not None and (proxy.state != "forwarding" or proxy.delay_ms):
                 proxy.restore()
         for node in self.nodes:
             if node.is_paused:
                 node.resume()
-        dead = [node for node in self.nodes if not node.is_running]
+        dead = [
+            node for n, node in enumerate(self.nodes) if not node.is_running and n not in destroyed
+        ]
         if dead:
             start_all(dead)
         if self.redis.is_paused:
@@ -142,7 +147,8 @@ class Fleet:
     def __init__(self, run: Run) -> None:
         self.run = run
         self.conf: dict[str, Any] = {
-            "worker_prefetch_multiplier": run.scenario.settings.prefetch_multiplier
+            "worker_prefetch_multiplier": run.scenario.settings.prefetch_multiplier,
+            **run.app_conf,
         }
         self.slots: list[WorkerProcess | None] = [None] * run.scenario.settings.workers
         self.every: list[WorkerProcess] = []
@@ -152,24 +158,13 @@ class Fleet:
         run, settings = self.run, self.run.scenario.settings
         with self._lock:
             n = len(self.every)
-        env = {
-            "EXPLORER_URL": run.url,
-            "EXPLORER_REDIS": run.redis_url,
-            "EXPLORER_QUEUE": run.queue,
-            "EXPLORER_TRACE": str(run.trace),
-            "EXPLORER_LEDGER": str(run.ledger),
-            "EXPLORER_TASK": json.dumps(settings.task_options()),
-            "EXPLORER_CONF": json.dumps(self.conf),
-            "EXPLORER_OPTIONS": json.dumps(FAST),
-            "EXPLORER_DB": run.db_url or "",
-        }
         worker = WorkerProcess(
             "celery_beetle.testing.explorer.app",
             run.base / f"worker{n}.log",
-            env,
+            run.env(self.conf),
             pool=settings.pool,
             concurrency=settings.concurrency,
-            queue=run.queue,
+            queue=",".join(run.queues),
             name=f"ex{slot}",
             root=ROOT,
         )
@@ -191,109 +186,6 @@ class Fleet:
             list(pool.map(lambda w: w.stop(timeout=30), self.every))
         for worker in self.every:
             worker.kill()
-
-
-class Publisher(threading.Thread):
-    """Publishes every item at its time; remembers which publishes were confirmed."""
-
-    def __init__(self, run: Run) -> None:
-        super().__init__(daemon=True, name="explorer-publisher")
-        self.run_ = run
-        self.confirmed: set[str] = set()
-        self.errors: list[str] = []
-
-    def run(self) -> None:
-        from celery_beetle.testing.explorer.app import make_app
-
-        run = self.run_
-        app = make_app(
-            run.url,
-            run.redis_url,
-            queue=run.queue,
-            transport_options={**FAST, "trace_dir": str(run.trace)},
-            task_options=run.scenario.settings.task_options(),
-        )
-        policy = {"max_retries": 60, "interval_start": 0.2, "interval_step": 0.2,
-                  "interval_max": 0.5}  # fmt: skip
-        with Connection(run.url, transport_options=app.conf.broker_transport_options) as conn:
-            for item in run.scenario.items:
-                wait = run.started + item.at_s - time.monotonic()
-                if wait > 0:
-                    time.sleep(wait)
-                key = run.key(item)
-                if item.kind == "bad":
-                    self._publish_bad(item, key)
-                    continue
-                if item.kind == "chain":
-                    self._publish_chain(app, item, key, policy)
-                    continue
-                name = {"work": "ex.work", "inbox": "ex.inbox", "plain": "ex.plain"}[item.kind]
-                args = (item.mode, item.sleep_s) if item.kind == "work" else (item.sleep_s,)
-                try:
-                    app.tasks[name].apply_async(
-                        args,
-                        task_id=key,
-                        countdown=item.countdown_s or None,
-                        connection=conn,
-                        retry_policy=policy,
-                    )
-                except Exception as exc:  # counted; a publish that failed is not judged
-                    self.errors.append(f"{key}: {type(exc).__name__}: {exc}")
-                    continue
-                self.confirmed.add(key)
-        from kombu_beetle.trace import flush_all
-
-        flush_all()
-
-    def _publish_chain(self, app: Any, item: Item, key: str, policy: dict[str, Any]) -> None:
-        from celery import chain
-
-        work = app.tasks["ex.work"]
-        first = work.si(item.mode, item.sleep_s).set(task_id=key)
-        second = work.si("ok", item.sleep_s).set(task_id=checker.second_key(key))
-        try:
-            chain(first, second).apply_async(retry_policy=policy)
-        except Exception as exc:  # counted; a publish that failed is not judged
-            self.errors.append(f"{key}: {type(exc).__name__}: {exc}")
-            return
-        self.confirmed.add(key)
-
-    def _publish_bad(self, item: Item, key: str) -> None:
-        """An ``ex.work`` message with the defect ``item.mode``, straight to one broker (no
-        beetle publisher would write it)."""
-        import pika
-
-        run = self.run_
-        headers: dict[str, Any] = {"lang": "py", "task": "ex.work", "id": key, "root_id": key,
-                                   "retries": 0, "argsrepr": "", "kwargsrepr": ""}  # fmt: skip
-        body = json.dumps([["ok", 0.0], {}, {}]).encode()
-        message_id: str | None = key
-        if item.mode == "undecodable":
-            body = b"\x00{not json"
-        elif item.mode == "invalid_header":
-            headers["x-beetle-expires-at"] = "inf"
-        elif item.mode == "no_message_id":
-            message_id = None
-        properties = pika.BasicProperties(
-            content_type="application/json",
-            content_encoding="utf-8",
-            headers=headers,
-            message_id=message_id,
-            correlation_id=key,
-            delivery_mode=2,
-        )
-        try:
-            connection = run.nodes[item.index % len(run.nodes)].connect(run.vhost)
-            try:
-                channel = connection.channel()
-                channel.confirm_delivery()
-                channel.basic_publish("", run.queue, body, properties, mandatory=True)
-            finally:
-                connection.close()
-        except Exception as exc:  # a broker down at that moment: not published, not judged
-            self.errors.append(f"{key}: {type(exc).__name__}: {exc}")
-            return
-        self.confirmed.add(key)
 
 
 @dataclass
@@ -328,12 +220,47 @@ class Run:
         self.url = beetle_url([p.host_port for p in self.proxies], self.vhost)
         self.redis_url = cluster.redis_url
         self.db_url: str | None = None
-        if scenario.settings.inbox:
+        if scenario.settings.inbox or scenario.settings.outbox:
             self.db_url = _new_database(cluster.postgres())
+        self.transport_options = FAST
+        #: app.conf for the workers, the publisher and the relay (a scope shared by two queues)
+        self.app_conf: dict[str, Any] = {}
+        self.queues = [self.queue]
+        if scenario.settings.shared_scope:
+            self.queues.append(SECOND_QUEUE)
+            self.app_conf["beetle_dedup_scopes"] = {SECOND_QUEUE: self.queue}
+        #: indexes (into ``nodes``) of brokers destroyed for good in this run
+        self.destroyed: set[int] = set()
+        #: an outbox row's id is its task id, a UUID (the outbox's own time-ordered kind,
+        #: made in the order of the enqueues, so a key's rows are published in that order)
+        from celery_beetle.outbox.ids import new_id
+
+        enqueues = sorted((i for i in scenario.items if i.kind == "outbox"), key=lambda i: i.at_s)
+        self.outbox_ids = {item.index: new_id() for item in enqueues}
         self.fleet = Fleet(self)
+        self.relay = RelayProcess(self) if scenario.settings.outbox else None
         self.started = time.monotonic()
 
+    def env(self, conf: dict[str, Any] | None = None) -> dict[str, str]:
+        """The environment :mod:`.app` is configured from (workers, the relay)."""
+        return {
+            "EXPLORER_URL": self.url,
+            "EXPLORER_REDIS": self.redis_url,
+            "EXPLORER_QUEUE": self.queue,
+            "EXPLORER_TRACE": str(self.trace),
+            "EXPLORER_LEDGER": str(self.ledger),
+            "EXPLORER_TASK": json.dumps(self.scenario.settings.task_options()),
+            "EXPLORER_CONF": json.dumps(self.fleet.conf if conf is None else conf),
+            "EXPLORER_OPTIONS": json.dumps(self.transport_options),
+            "EXPLORER_DB": self.db_url or "",
+        }
+
+    def heal(self) -> None:
+        self.cluster.heal(frozenset(self.destroyed))
+
     def key(self, item: Item) -> str:
+        if item.kind == "outbox":
+            return self.outbox_ids[item.index]
         return f"s{self.scenario.seed}-{item.index}-{self.nonce}"
 
     def resolved(self, trace: checker.Trace, keys: set[str]) -> set[str]:
@@ -373,7 +300,9 @@ def _inspect(run: Run) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
     other queues (taken out: the scenario is over)."""
     dead: dict[str, set[str]] = {}
     left: dict[str, list[str]] = {}
-    for node in run.nodes:
+    for n, node in enumerate(run.nodes):
+        if n in run.destroyed:
+            continue  # gone for good, with what it held
         for queue, (ready, unacked) in node.queue_depths(run.vhost).items():
             if not ready + unacked:
                 continue
@@ -381,6 +310,8 @@ def _inspect(run: Run) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
             for _method, props, _body in node.get_messages(run.vhost, queue):
                 headers = props.headers or {}
                 key = str(headers.get("id") or props.correlation_id or "?")
+                if ":retry-" in str(props.message_id):  # a self.retry: its own message
+                    key = str(props.message_id)
                 if queue.endswith(".dead"):
                     dead.setdefault(key, set()).add(str(headers.get("x-beetle-dead-reason")))
                 else:
@@ -411,6 +342,10 @@ def body_seconds(scenario: Scenario) -> float:
             seconds = s.timeout_s / 2
         elif item.kind == "work" and item.mode == "overrun":
             seconds = s.timeout_s * 1.5
+        elif item.kind == "retry":  # each retry a run, after its countdown
+            seconds = item.sleep_s * (item.retries + 1) + item.retry_s * item.retries
+        elif item.kind == "group":
+            seconds = item.sleep_s * len(item.members) * s.attempts
         else:
             seconds = item.sleep_s
         starts = s.attempts if item.kind == "work" and item.mode in ("fail", "flaky") else 1
@@ -428,16 +363,20 @@ def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
     nemesis = Nemesis(run)
     try:
         run.fleet.start_all()
+        if run.relay is not None:
+            run.relay.start()
         run.started = time.monotonic()
         publisher = Publisher(run)
         publisher.start()
         nemesis.start()
         publisher.join(scenario.publish_s + 120)
         nemesis.finish(timeout=max(f.at_s for f in scenario.faults) + 60 if scenario.faults else 1)
-        cluster.heal()
+        run.heal()
         run.fleet.fill()
+        if run.relay is not None:
+            run.relay.ensure()
         keys = {run.key(i): i for i in scenario.items}
-        beetle = {k for k in publisher.confirmed if keys[k].kind in ("work", "inbox", "chain")}
+        beetle = {k for k in publisher.confirmed if keys[k].kind in checker.BEETLE_KINDS}
         deadline = time.monotonic() + drain_deadline_s(scenario)
         trace = checker.read_trace(run.trace)
         wanted = checker.awaited(beetle, keys, trace)
@@ -447,14 +386,18 @@ def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
             wanted = checker.awaited(beetle, keys, trace)
         unresolved = wanted - run.resolved(trace, wanted)
         time.sleep(scenario.settings.timeout_s + 3)  # a late second outcome shows up
+        if run.relay is not None:
+            run.relay.stop()
         run.fleet.stop()
         from kombu_beetle.trace import flush_all
 
         flush_all()
-        cluster.heal()
+        run.heal()
         dead, left = _inspect(run)
         evidence = checker.Evidence(
             confirmed=publisher.confirmed,
+            rolled_back=publisher.rolled_back,
+            destroyed={n for n in run.destroyed},
             keys=keys,
             trace=checker.read_trace(run.trace),
             ledger=read_dir(run.ledger),
@@ -496,5 +439,9 @@ def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        if run.relay is not None:
+            run.relay.kill()
+        if run.destroyed:
+            cluster.heal()  # a new node where the destroyed one was, for the next scenario
         for worker in run.fleet.every:
             worker.kill()

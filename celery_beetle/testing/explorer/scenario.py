@@ -8,6 +8,14 @@ and towards the moments where features meet (a worker killed while its pool hold
 deliveries, a migration while countdown tasks are held, a kill right after an inbox commit),
 because that is where the bugs found so far were.
 
+The draw grew in versions, each from a random stream of its own (``Random(seed)``, then
+``Random(f"{seed}/2")``, ``Random(f"{seed}/3")``), so that a later version only *adds* items
+and faults: a seed keeps the settings, messages and faults an earlier version gave it
+(``tests/unit/test_explorer.py`` pins seeds 1000, 1004, 3022 and 5000). The third version
+adds ``self.retry`` bodies, groups, outbox enqueues (committed and rolled back, some with an
+ordering key) behind a ``beetle relay``, a dedup scope shared by two queues, and the faults
+of :data:`THIRD_FAULTS`.
+
 A scenario is a plain dataclass: printable (:meth:`Scenario.describe`), serialisable
 (:meth:`Scenario.to_json`), and reducible (:mod:`.shrink` drops items, faults and workers
 from it and runs what is left).
@@ -25,6 +33,8 @@ __all__ = [
     "BODY_MODES",
     "FAULT_KINDS",
     "NETWORK_FAULTS",
+    "SECOND_QUEUE",
+    "THIRD_FAULTS",
     "Fault",
     "Item",
     "Scenario",
@@ -58,6 +68,11 @@ NETWORK_FAULTS: dict[str, int] = {
     "redis_held_replies": 2,
 }
 
+#: faults of the draw's third version (its own stream; each only where it applies)
+THIRD_FAULTS = ("relay_kill", "broker_destroy", "queues_apply", "latency")
+#: the queue that shares the main queue's dedup scope (``Settings.shared_scope``)
+SECOND_QUEUE = "explore2"
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -73,6 +88,10 @@ class Settings:
     brokers: int = 2
     workers: int = 1
     inbox: bool = False  # a PostgreSQL and ``ex.inbox`` tasks
+    #: (third version) outbox enqueues, a PostgreSQL and a ``beetle relay`` process
+    outbox: bool = False
+    #: (third version) workers also consume SECOND_QUEUE, mapped to the main queue's scope
+    shared_scope: bool = False
 
     def task_options(self) -> dict[str, Any]:
         options: dict[str, Any] = {
@@ -92,7 +111,14 @@ class Item:
     """One message: ``kind`` ``work`` (a BeetleTask), ``inbox`` (a BeetleTask committing its
     effect behind the inbox), ``plain`` (a plain Celery task, one broker) or ``bad`` (an
     ``ex.work`` message with a defect, ``mode`` one of BAD_INPUTS) or ``chain`` (two
-    ``ex.work`` tasks in a chain, the first with body ``mode``, the second ``ok``)."""
+    ``ex.work`` tasks in a chain, the first with body ``mode``, the second ``ok``).
+
+    Third version: ``retry`` (an ``ex.retry`` body that calls ``self.retry`` ``retries``
+    times, ``retry_s`` apart, then returns), ``group`` (a group of ``ex.work`` tasks, one
+    per mode in ``members``), ``outbox`` (an ``ok`` ``ex.work`` enqueued through the outbox
+    in a transaction that ``mode`` ``commit``s or ``rollback``s, with ``ordering_key`` when
+    not empty, due after ``countdown_s``), ``scoped`` (one ``ok`` ``ex.work`` published to
+    the main queue and to SECOND_QUEUE under one task id: one message of one scope)."""
 
     index: int
     kind: str
@@ -100,17 +126,23 @@ class Item:
     sleep_s: float = 0.05
     at_s: float = 0.0  # when it is published, from the scenario's start
     countdown_s: float = 0.0
+    members: tuple[str, ...] = ()
+    retries: int = 0
+    retry_s: float = 0.0
+    ordering_key: str = ""
 
 
 @dataclass(frozen=True)
 class Fault:
     """One fault at ``at_s``: ``target`` is a worker or broker index (taken modulo what
-    exists at that moment), ``duration_s`` how long before it heals (a restart, a resume)."""
+    exists at that moment), ``duration_s`` how long before it heals (a restart, a resume);
+    ``delay_ms`` the one-way delay a ``latency`` fault adds."""
 
     at_s: float
     kind: str
     target: int = 0
     duration_s: float = 1.0
+    delay_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -128,7 +160,7 @@ class Scenario:
         s = self.settings
         kinds: dict[str, int] = {}
         for item in self.items:
-            name = item.kind if item.kind != "work" else f"work:{item.mode}"
+            name = item.kind if item.kind not in ("work", "outbox") else f"{item.kind}:{item.mode}"
             kinds[name] = kinds.get(name, 0) + 1
         countdowns = sum(1 for i in self.items if i.countdown_s)
         faults = ", ".join(f"{f.kind}@{f.at_s:.1f}s" for f in self.faults) or "none"
@@ -136,7 +168,8 @@ class Scenario:
             f"seed {self.seed}: attempts={s.attempts} exceptions={s.exceptions} "
             f"acks_late={s.acks_late} timeout={s.timeout_s}s prefetch={s.prefetch_multiplier} "
             f"pool={s.pool}x{s.concurrency} brokers={s.brokers} workers={s.workers} "
-            f"inbox={s.inbox}; {len(self.items)} messages {kinds} ({countdowns} countdown); "
+            f"inbox={s.inbox} outbox={s.outbox} shared_scope={s.shared_scope}; "
+            f"{len(self.items)} messages {kinds} ({countdowns} countdown); "
             f"faults: {faults}"
         )
 
@@ -149,7 +182,9 @@ class Scenario:
         return cls(
             seed=data["seed"],
             settings=Settings(**data["settings"]),
-            items=tuple(Item(**i) for i in data["items"]),
+            items=tuple(
+                Item(**{**i, "members": tuple(i.get("members", ()))}) for i in data["items"]
+            ),
             faults=tuple(Fault(**f) for f in data["faults"]),
         )
 
@@ -274,5 +309,74 @@ def draw(seed: int) -> Scenario:
     faults = _network_faults(extra, faults, publish_s)
     more = _bad_inputs(extra, len(items), publish_s)
     more += _chains(extra, len(items) + len(more), publish_s)
-    items = tuple(sorted(items + more, key=lambda i: i.at_s))
+    items = items + more
+    third = random.Random(f"{seed}/3")
+    settings = _third_settings(third, settings, faults)
+    items += _third_items(third, settings, len(items), publish_s)
+    faults = _third_faults(third, settings, faults, publish_s)
+    items = tuple(sorted(items, key=lambda i: i.at_s))
     return Scenario(seed, settings, items, faults)
+
+
+def _third_settings(rng: random.Random, settings: Settings, faults: tuple[Fault, ...]) -> Settings:
+    """The outbox (a relay, a PostgreSQL) now and then; a second queue sharing the scope,
+    except with a migration (it moves one queue, and the second's declaration would then
+    disagree with what a restarted worker declares)."""
+    outbox = rng.random() < 0.3
+    shared = rng.random() < 0.25 and not any(f.kind == "migrate" for f in faults)
+    return replace(settings, outbox=outbox, shared_scope=shared)
+
+
+def _third_items(
+    rng: random.Random, settings: Settings, first: int, publish_s: float
+) -> tuple[Item, ...]:
+    items: list[Item] = []
+
+    def add(kind: str, mode: str = "ok", **fields: Any) -> None:
+        sleep_s = round(rng.uniform(0.01, 0.3), 3)
+        at_s = round(rng.uniform(0, publish_s), 2)
+        items.append(Item(first + len(items), kind, mode, sleep_s, at_s, **fields))
+
+    for _ in range(rng.choice([0, 0, 2, 4])):
+        add("retry", retries=rng.choice([1, 1, 2]), retry_s=round(rng.uniform(0.2, 3), 1))
+    for _ in range(rng.choice([0, 0, 1, 3])):
+        size = rng.randint(2, 4)
+        modes = tuple(rng.choices(["ok", "flaky", "fatal", "fail"], [70, 10, 10, 10], k=size))
+        add("group", members=modes)
+    if settings.outbox:
+        for _ in range(rng.randint(3, 12)):
+            mode = rng.choices(["commit", "rollback"], weights=[70, 30])[0]
+            key = rng.choice(["", "", "k0", "k1"])
+            countdown = round(rng.uniform(1, 5), 1) if rng.random() < 0.15 else 0.0
+            add("outbox", mode, ordering_key=key, countdown_s=countdown)
+    if settings.shared_scope:
+        for _ in range(rng.randint(2, 8)):
+            add("scoped")
+    return tuple(items)
+
+
+def _third_faults(
+    rng: random.Random, settings: Settings, faults: tuple[Fault, ...], publish_s: float
+) -> tuple[Fault, ...]:
+    """A relay kill (with the outbox); a broker destroyed for good (three brokers only: one
+    is within N-2; not with a migration, which needs every broker's API); ``beetle queues
+    apply`` of generous policies; latency added on one broker's link or Redis's."""
+    added: list[Fault] = []
+
+    def at(end: float) -> float:
+        return round(rng.uniform(0.5, end), 1)
+
+    if settings.outbox and rng.random() < 0.6:
+        added.append(Fault(at(publish_s + 2), "relay_kill", 0, round(rng.uniform(0.3, 3), 1)))
+    migrates = any(f.kind == "migrate" for f in faults)
+    if settings.brokers == 3 and not migrates and rng.random() < 0.15:
+        added.append(Fault(at(publish_s), "broker_destroy", rng.randint(0, 2), 0.0))
+    if rng.random() < 0.1:
+        added.append(Fault(at(publish_s + 2), "queues_apply", 0, 0.0))
+    if rng.random() < 0.15:
+        delay = rng.choice([20, 80, 200])
+        target = rng.randint(0, settings.brokers)  # == brokers: Redis's link
+        added.append(
+            Fault(at(publish_s + 2), "latency", target, round(rng.uniform(1, 6), 1), delay)
+        )
+    return tuple(sorted((*faults, *added), key=lambda f: f.at_s))

@@ -17,6 +17,7 @@ replay, not a proof of the smallest cause.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -29,16 +30,20 @@ if TYPE_CHECKING:
 
 __all__ = ["candidates", "regression_test_source", "shrink", "write_test"]
 
+_KEY = re.compile(r"^s\d+-(\d+)-[0-9a-f]+")
+
 
 def _violating_indexes(outcome: Outcome, per_rule: int = 3) -> set[int]:
     """The items of the first few violations of each rule (the messages to keep)."""
     out: set[int] = set()
     seen: dict[str, int] = {}
     for v in outcome.violations:
-        parts = v.key.split("-")
-        if len(parts) == 3 and parts[1].isdigit() and seen.get(v.rule, 0) < per_rule:
+        # ``s<seed>-<index>-<nonce>``, with a suffix for a chain's second task, a group's
+        # member or a retry (``c``, ``g1``, ``:retry-1``)
+        found = _KEY.match(v.key)
+        if found and seen.get(v.rule, 0) < per_rule:
             seen[v.rule] = seen.get(v.rule, 0) + 1
-            out.add(int(parts[1]))
+            out.add(int(found.group(1)))
     return out
 
 

@@ -1,4 +1,5 @@
-"""Acks in batches: what the event loop settles in one pass goes to each broker in one write.
+"""Acks in batches: what the event loop settles within a millisecond goes to each broker in
+one write.
 
 A redundant message is delivered twice, and both copies are acked: on one broker per copy.
 py-amqp writes every ack as its own frame and its own ``sendall``, and on loopback or a fast
@@ -137,12 +138,11 @@ class Unsettled:
 
 
 class AckBatcher:
-    """Acks made on the event loop's thread, written once per loop pass (see the module).
+    """Acks made on the event loop's thread, written together a moment later (see the module).
 
-    ``call_later(seconds, fn)``: the hub's (``call_soon`` for 0); ``on_error(channel, exc)``:
-    what a failed write means for
-    the channel's broker (the connection blames the link, as any failed ack would, and
-    returns False; True asks for the acks to be written one by one instead)."""
+    ``call_later(seconds, fn)``: the hub's (``call_soon`` for 0). ``on_error(channel, exc)``:
+    what a failed write means for the channel's broker (the connection blames the link, as
+    any failed ack would, and returns False; True asks for the acks one by one instead)."""
 
     def __init__(
         self,

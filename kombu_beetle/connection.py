@@ -302,16 +302,34 @@ class BeetleConnection:
 
     def _read_available(self, link: BrokerLink) -> bool:
         """Every complete frame the broker sent (:func:`~kombu_beetle.reader.read_available`);
-        True when frames are left for the next loop pass. Errors as :meth:`_read_one`."""
+        True when frames are left for the next loop pass. Errors as :meth:`_read_one`; when a
+        consumer's callback raises, the frames read after its own still get a pass (the
+        socket will not say "readable" for them)."""
+        conn = link.conn
         try:
-            return read_available(link.conn)
+            return read_available(conn)
         except OSError as exc:
             if exc.errno in _UNAVAILABLE and not from_callback(exc):
                 return False
+            self._pass_for_the_rest(link, conn)
             fail_or_raise(link, exc)
         except CAUGHT_ERRORS as exc:
+            self._pass_for_the_rest(link, conn)
             fail_or_raise(link, exc)
+        except BaseException:
+            self._pass_for_the_rest(link, conn)
+            raise
         return False
+
+    def _pass_for_the_rest(self, link: BrokerLink, conn: Any) -> None:
+        transport = getattr(conn, "transport", None)
+        if (
+            self._loop is not None
+            and link.conn is conn
+            and isinstance(transport, BufferedTransport)
+            and transport.frame_buffered()
+        ):
+            self._loop.call_soon(self._on_readable, link, link.generation)
 
     def _call_later(self, seconds: float, fn: Callable[[], None]) -> Any:
         loop = self._loop

@@ -104,3 +104,24 @@ def test_a_wait_outside_the_loop_reads_the_buffer_first_and_never_reads_ahead(
     assert transport.read_frame()[2] == b"bb"  # its start buffered, the rest read exactly
     assert transport._read_buffer == b""  # the third frame stays in the socket
     assert transport.fill() and transport.frame_buffered()
+
+
+def test_frames_after_one_whose_handler_raised_stay_buffered_for_the_next_pass(
+    pair: tuple[BufferedTransport, socket.socket],
+) -> None:
+    transport, broker = pair
+    broker.sendall(b"".join(_frame(1, bytes([n])) for n in range(4)))
+    conn = _Conn(transport)
+    handled = conn.frames
+
+    def handle(frame: Any) -> None:
+        handled.append(frame)
+        if len(handled) == 2:
+            raise RuntimeError("a consumer's callback failed")
+
+    conn.on_inbound_frame = handle  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        read_available(conn)
+    assert transport.frame_buffered()  # the connection gives them a pass of their own
+    read_available(conn)
+    assert [payload for _, _, payload in handled] == [b"\x00", b"\x01", b"\x02", b"\x03"]

@@ -142,8 +142,8 @@ class BrokerChannel(pyamqp.Channel):
             return None
 
     def basic_ack(self, delivery_tag: int, multiple: bool = False, **kwargs: Any) -> Any:
-        """On the event loop, the ack waits for the end of the loop pass and goes out with
-        the others (:mod:`kombu_beetle.acks`); elsewhere it is written now."""
+        """On the event loop, the ack waits a moment and goes out in one write with the
+        others (:mod:`kombu_beetle.acks`); elsewhere it is written now."""
         batch = self.beetle_acks
         if batch is not None and not multiple and not kwargs and batch.add(self, delivery_tag):
             return None

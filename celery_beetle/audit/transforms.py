@@ -37,6 +37,7 @@ synchronised better than that, and overlaps shorter than it go unreported.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, Window
@@ -213,6 +214,15 @@ def _bucket(column: str, lo: int, width_ms: int) -> Column:
     return F.floor((F.col(column) - F.lit(lo)) / width_ms).cast("long")
 
 
+def _grouping_ids(keys: list[str], sets: Sequence[tuple[str, Sequence[str]]]) -> dict[int, str]:
+    """``{grouping_id: event}`` of grouping ``sets`` over ``keys``: Spark's ``grouping_id``
+    has a bit per key, set where the key is left out of the set."""
+    return {
+        (1 << len(keys)) - 1 - sum(1 << (len(keys) - 1 - keys.index(k)) for k in cols): event
+        for event, cols in sets
+    }
+
+
 def timeline_and_brokers(
     classified: DataFrame,
     span: tuple[int | None, int | None],
@@ -271,11 +281,7 @@ def timeline_and_brokers(
     grouped = rows.groupingSets([list(cols) for _event, cols in sets], *keys).agg(
         F.grouping_id().alias("_set"), F.count(F.lit(1)).alias("messages")
     )
-    # grouping_id has a bit per key, set where the key is left out of the set
-    ids = {
-        (1 << len(keys)) - 1 - sum(1 << (len(keys) - 1 - keys.index(k)) for k in cols): event
-        for event, cols in sets
-    }
+    ids = _grouping_ids(keys, sets)
     counts: dict[tuple[int, str, str], int] = {}
     deliveries: dict[str, int] = {}
     published: dict[str, int] = {}
@@ -351,10 +357,7 @@ def _timeline_and_brokers_from_numbers(
         F.count(F.lit(1)).alias("messages"),
         *[F.sum(d).alias(d) for d in deliveries],
     )
-    ids = {
-        (1 << len(keys)) - 1 - sum(1 << (len(keys) - 1 - keys.index(k)) for k in cols): event
-        for event, cols in sets
-    }
+    ids = _grouping_ids(keys, sets)
     counts: dict[tuple[int, str, str], int] = {}
     delivered: dict[str, int] = {}
     published: dict[str, int] = {}

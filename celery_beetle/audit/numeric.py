@@ -30,7 +30,12 @@ from pyspark.sql import functions as F
 
 from celery_beetle.audit.names import Names
 from celery_beetle.audit.schema import EVENTS
-from celery_beetle.audit.transforms import BROKER_EVENTS, DONE_STATUS, RUN_EVENTS
+from celery_beetle.audit.transforms import (
+    BROKER_EVENTS,
+    DONE_STATUS,
+    RUN_EVENTS,
+    times_and_brokers,
+)
 
 __all__ = ["broker_columns", "per_message", "with_broker_lists"]
 
@@ -112,14 +117,7 @@ def per_message(events: DataFrame, names: Names) -> DataFrame:
         F.max(F.coalesce(unknown, F.lit(False))).alias("unknown"),
         F.bit_or(F.when(_is("published"), bit)).alias("published"),
         *[_count(_is("delivered") & (c("broker") == b)).alias(f"delivered_{b}") for b in brokers],
-        F.min(_ts("published")).alias("first_published_ms"),
-        F.min(_ts("started")).alias("first_started_ms"),
-        F.max(_ts("started")).alias("last_started_ms"),
-        F.min(_ts("completed")).alias("first_completed_ms"),
-        F.min_by("broker", _ts("started")).alias("started_broker"),
-        F.min_by("broker", _ts("completed")).alias("completed_broker"),
-        F.max(_ts("replayed")).alias("last_replayed_ms"),
-        F.max(_ts("dead_lettered")).alias("last_dead_lettered_ms"),
+        *times_and_brokers(_ts),
         F.min(ends).alias("end_ms"),
     )
     started = c("run") & (c("n_started") > 0)

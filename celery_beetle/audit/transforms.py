@@ -37,7 +37,7 @@ synchronised better than that, and overlaps shorter than it go unreported.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, Window
@@ -144,6 +144,22 @@ def _ts(event: str) -> Column:
     return F.when(_is(event), F.col("ts_ms"))
 
 
+def times_and_brokers(ts: Callable[[str], Column]) -> list[Column]:
+    """The per-message aggregates of event times and the brokers of the first start and
+    completion, for both groupings (:func:`per_message` and the numbers-only one of
+    :mod:`celery_beetle.audit.numeric`); ``ts(event)`` is an event's time or null."""
+    return [
+        F.min(_ts("published")).alias("first_published_ms"),
+        F.min(_ts("started")).alias("first_started_ms"),
+        F.max(_ts("started")).alias("last_started_ms"),
+        F.min(_ts("completed")).alias("first_completed_ms"),
+        F.min_by("broker", _ts("started")).alias("started_broker"),
+        F.min_by("broker", _ts("completed")).alias("completed_broker"),
+        F.max(_ts("replayed")).alias("last_replayed_ms"),
+        F.max(_ts("dead_lettered")).alias("last_dead_lettered_ms"),
+    ]
+
+
 def per_message(events: DataFrame) -> DataFrame:
     """One row per ``(queue, message_id)`` with every fact the verdict needs; one shuffle.
 
@@ -198,14 +214,7 @@ def per_message(events: DataFrame) -> DataFrame:
         F.collect_set(F.when(published, F.col("broker"))).alias("published_brokers"),
         F.collect_list(F.when(_is("delivered"), F.col("broker"))).alias("delivered_brokers"),
         F.collect_list(F.when(_is(*RUN_EVENTS), run)).alias("run_events"),
-        F.min(_ts("published")).alias("first_published_ms"),
-        F.min(_ts("started")).alias("first_started_ms"),
-        F.max(_ts("started")).alias("last_started_ms"),
-        F.min(_ts("completed")).alias("first_completed_ms"),
-        F.min_by("broker", _ts("started")).alias("started_broker"),
-        F.min_by("broker", _ts("completed")).alias("completed_broker"),
-        F.max(_ts("replayed")).alias("last_replayed_ms"),
-        F.max(_ts("dead_lettered")).alias("last_dead_lettered_ms"),
+        *times_and_brokers(_ts),
     ]
     return keyed.groupBy("queue", "message_id").agg(*aggs)
 

@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 
 
-def tree_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` and its descendants."""
+def tree_cpu_s(pid: int, descendants: bool = True) -> float:
+    """User + system CPU seconds of ``pid`` and (unless not ``descendants``) its descendants."""
     tick = os.sysconf("SC_CLK_TCK")
     total, todo = 0.0, [pid]
     while todo:
@@ -21,7 +21,8 @@ def tree_cpu_s(pid: int) -> float:
         except OSError:
             continue  # exited meanwhile
         total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-        todo.extend(int(c) for c in children)
+        if descendants:
+            todo.extend(int(c) for c in children)
     return total
 
 
@@ -54,15 +55,20 @@ def listener_pid(port: int) -> int | None:
 
 
 class CpuMeter:
-    """CPU seconds of named groups of process trees between :meth:`start` and :meth:`stop`."""
+    """CPU seconds of named groups of process trees between :meth:`start` and :meth:`stop`;
+    the groups named in ``alone`` count their processes without descendants."""
 
-    def __init__(self, groups: dict[str, list[int]]) -> None:
+    def __init__(self, groups: dict[str, list[int]], alone: frozenset[str] = frozenset()) -> None:
         self.groups = groups
+        self.alone = alone
         self._start: dict[str, float] = {}
         self.used: dict[str, float] = {}
 
     def _now(self) -> dict[str, float]:
-        return {name: sum(tree_cpu_s(p) for p in pids) for name, pids in self.groups.items()}
+        return {
+            name: sum(tree_cpu_s(p, descendants=name not in self.alone) for p in pids)
+            for name, pids in self.groups.items()
+        }
 
     def start(self) -> None:
         self._start = self._now()

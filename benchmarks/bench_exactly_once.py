@@ -270,7 +270,9 @@ def run_worker(
         # CPU of the worker's process tree from the first run to the last, sampled on a short
         # poll: unlike tasks/s, CPU per task hardly moves with what else the machine runs
         first_cpu = None
-        meter = CpuMeter({"worker": [proc.pid], **(servers or {})})
+        meter = CpuMeter(
+            {"worker": [proc.pid], "main": [proc.pid], **(servers or {})}, alone=frozenset({"main"})
+        )
         sampler = None
         while (done := _lines(out)) < tasks:
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -288,7 +290,8 @@ def run_worker(
                 cpu_us.append((tree_cpu_s(proc.pid) - first_cpu) * 1e6 / runs)
             if cpu_by is not None:
                 used = meter.stop()
-                for name, seconds in {**used, "total": sum(used.values())}.items():
+                total = sum(s for name, s in used.items() if name != "main")
+                for name, seconds in {**used, "total": total}.items():
                     cpu_by.setdefault(name, []).append(seconds * 1e6 / runs)
         time.sleep(1.0)  # let the last copies be gated and acked
     finally:
@@ -608,12 +611,29 @@ def main() -> None:
 
 def print_cpu(cpu: dict[str, dict[str, list[float]]]) -> None:
     """CPU per task of each run, by process group (medians over the rounds, µs)."""
-    print("CPU per task, µs (medians; worker = its whole process tree):")
-    groups = ["worker", "brokers", "redis", "total"]
+    print("CPU per task, µs (medians; worker = its whole process tree, main = its main process):")
+    groups = ["worker", "main", "brokers", "redis", "total"]
     print(f"  {'':10}" + "".join(f"{g:>10}" for g in groups))
     for kind, by in cpu.items():
         cells = [statistics.median(by[g]) if by.get(g) else float("nan") for g in groups]
         print(f"  {kind:10}" + "".join(f"{c:10.0f}" for c in cells))
+    plain, beetle = cpu.get("plain"), cpu.get("beetle")
+    if (
+        plain
+        and beetle
+        and all(plain.get(g) for g in groups)
+        and all(beetle.get(g) for g in groups)
+    ):
+        # brokers and Redis share this machine's cores with the worker: with a worker that
+        # cost no more than plain's, a BeetleTask's CPU per task would still be this much
+        floor = sum(
+            statistics.median(x) for x in (plain["worker"], beetle["brokers"], beetle["redis"])
+        )
+        bound = statistics.median(plain["total"]) / floor
+        print(
+            f"this machine's bound for beetle/plain, CPU-bound (plain's worker, beetle's brokers "
+            f"and Redis: {floor:.0f} µs/task): {bound:.2f}"
+        )
 
 
 def report(

@@ -206,6 +206,36 @@ class Twin:
             settle_raw(self.raw, self.incarnation, requeue=requeue)
 
 
+class _RunEnding:
+    """``done`` of a delivery the gate started (:meth:`DeliveryGate.handle`): called once its
+    ack or reject happens, or with the pool's hand-back mark. An object, not a closure that
+    names itself: such a closure is a reference cycle, and every delivery it holds (its
+    message, its Celery request) would wait for the cyclic garbage collector, whose full
+    collections then pause the worker's main process for tens of milliseconds."""
+
+    __slots__ = ("delivery", "finished", "gate")
+
+    def __init__(self, gate: DeliveryGate, delivery: Delivery) -> None:
+        self.gate = gate
+        self.delivery = delivery
+        self.finished = False
+
+    def __call__(
+        self, mark: dict[str, Any] | None = None, reject: Callable[[], Any] | None = None
+    ) -> None:
+        if self.finished:
+            return
+        d, gate = self.delivery, self.gate
+        if mark is not None and reject is not None:
+            gate._pool_handed_back(d, mark, reject, self)
+            return
+        self.finished = True
+        gate._unreserve(d.key, d.generation)
+        facts = (d.message.headers or {}).get(FACTS_HEADER)
+        completed = isinstance(facts, dict) and bool(facts.get(COMPLETED_MARK))
+        gate._finished(d.key, d.generation, completed)
+
+
 @dataclass
 class DeliveryGate(BadInputHandling):
     """The main-process gate. One per worker consumer; everything runs on its event loop.
@@ -561,24 +591,7 @@ class DeliveryGate(BadInputHandling):
             header = (d.message.headers or {}).get(FACTS_HEADER)
             if isinstance(header, dict):
                 header[CLAIM_MARK] = claim.mark()
-        finished = False
-
-        def done(
-            mark: dict[str, Any] | None = None, reject: Callable[[], Any] | None = None
-        ) -> None:
-            nonlocal finished
-            if finished:
-                return
-            if mark is not None and reject is not None:
-                self._pool_handed_back(d, mark, reject, done)
-                return
-            finished = True
-            self._unreserve(key, d.generation)
-            facts = (d.message.headers or {}).get(FACTS_HEADER)
-            completed = isinstance(facts, dict) and bool(facts.get(COMPLETED_MARK))
-            self._finished(key, d.generation, completed)
-
-        d.start(done)
+        d.start(_RunEnding(self, d))
         return "run"
 
     def _pool_handed_back(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -161,6 +163,23 @@ def test_waiting_copy_is_acked_as_a_duplicate_once_its_twin_completes(h):
     assert len(h.started) == 1
     assert h.store.round_trips == 4, "gate read, claim, complete, gate read of the twin"
     assert h.gate.stats["duplicate"] == 1
+
+
+def test_a_finished_run_frees_its_delivery_without_the_cyclic_garbage_collector(h):
+    # a reference cycle would keep every message and request until a collection, and the
+    # full collections pause the worker's main process for tens of milliseconds
+    gc.disable()
+    try:
+        message = Message()
+        h.deliver(message)
+        done = h.started.pop()[1]
+        done()
+        h.timer.advance()
+        freed = weakref.ref(message)
+        del message, done
+        assert freed() is None
+    finally:
+        gc.enable()
 
 
 def test_copy_of_a_completed_message_is_acked_with_one_read(h):

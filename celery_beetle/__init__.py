@@ -14,13 +14,15 @@ deliveries before the pool, and the opt-in ``BeetleTask`` base class::
     def charge(order_id): ...
 
 Settings (``app.conf.beetle_*``): :mod:`celery_beetle.settings`. Task options:
-:mod:`celery_beetle.task`. What the worker does with each delivery: :mod:`celery_beetle.gate`.
+:mod:`celery_beetle.task`. What the worker does with each delivery:
+:mod:`celery_beetle.worker.gate`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from celery_beetle import _moved
 from celery_beetle.settings import BeetleSettings, mask_url, parse_store_url
 from celery_beetle.task import AttemptsExhausted, BeetleTask, DeadLettered
 
@@ -33,6 +35,9 @@ __all__ = [
     "mask_url",
     "parse_store_url",
 ]
+
+# the module paths of 0.1 that moved into the wings import until 0.2.0, with a warning
+_moved.install()
 
 
 def install(app: Any) -> Any:
@@ -55,11 +60,11 @@ def install(app: Any) -> Any:
     from celery.signals import worker_process_shutdown
 
     import kombu_beetle  # noqa: F401  (registers beetle://)
-    from celery_beetle.bootstep import BeetleGateStep
     from celery_beetle.censor import hide_secret_settings
     from celery_beetle.ops.handback_control import BeetleHandBackStep
     from celery_beetle.ops.worker import BeetlePolicyStep
-    from celery_beetle.quorum import leave_out_native_delayed_delivery
+    from celery_beetle.worker.bootstep import BeetleGateStep
+    from celery_beetle.worker.quorum import leave_out_native_delayed_delivery
 
     hide_secret_settings()
     leave_out_native_delayed_delivery()

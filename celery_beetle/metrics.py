@@ -167,7 +167,7 @@ def _get() -> _Metrics | None:
 
 
 def task_event(event: str, queue: str, task: str | None, detail: dict[str, Any] | None) -> None:
-    """A run's trace event (:meth:`celery_beetle.run.Run._trace`), counted."""
+    """A run's trace event (:meth:`celery_beetle.worker.run.Run._trace`), counted."""
     m = _get()
     if m is None:
         return
@@ -226,8 +226,8 @@ def dead_lettered(queue: str, reason: str) -> None:
 class GateCollector:
     """The gate's counts, read from the ``stats`` it keeps anyway when Prometheus scrapes.
 
-    ``gate()`` returns the worker's :class:`~celery_beetle.gate.DeliveryGate` (None before the
-    consumer starts)."""
+    ``gate()`` returns the worker's :class:`~celery_beetle.worker.gate.DeliveryGate` (None
+    before the consumer starts)."""
 
     def __init__(self, gate: Callable[[], Any]) -> None:
         self.gate = gate

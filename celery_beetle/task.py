@@ -16,8 +16,8 @@ Celery task id its AMQP ``message_id``: the dedup identity is the logical task, 
 the same task id again (an outbox relay, a client retry after a lost reply) is a duplicate.
 ``redundant=False`` (on the task, or per call) publishes one copy, still deduplicated.
 
-Running: the worker's gate (:mod:`celery_beetle.gate`) drops copies that already ran; in the
-pool, :class:`~celery_beetle.run.Run` claims the message before the body runs and records the
+Running: the worker's gate (:mod:`celery_beetle.worker.gate`) drops copies that already ran; in the
+pool, :class:`~celery_beetle.worker.run.Run` claims the message before the body runs and records the
 outcome after. Called directly, or eagerly, the body just runs.
 
 Options (the names of :data:`celery_beetle.settings.TASK_OPTIONS`, set as task attributes;
@@ -70,14 +70,15 @@ from typing import Any
 from celery import Task
 from celery.worker.request import Request
 
-from celery_beetle.facts import (
+from celery_beetle.settings import DEPRECATED_OPTIONS, TASK_OPTIONS, BeetleSettings, take_deprecated
+from celery_beetle.worker.facts import (
     COMPLETED_MARK,
     FACTS_HEADER,
     HANDBACK_MARK,
     PID_MARK,
     RUNTIME_MARK,
 )
-from celery_beetle.run import (
+from celery_beetle.worker.run import (
     AttemptsExhausted,
     DeadLettered,
     Dropped,
@@ -85,7 +86,6 @@ from celery_beetle.run import (
     Run,
     completed_on_the_loop,
 )
-from celery_beetle.settings import DEPRECATED_OPTIONS, TASK_OPTIONS, BeetleSettings, take_deprecated
 from kombu_beetle.envelope import FLAG_REDUNDANT, FLAGS_HEADER
 
 __all__ = [
@@ -271,12 +271,12 @@ class BeetleRequest(Request):
     ``on_failure``, ``on_retry``, a hard ``on_timeout`` or ``_announce_revoked``, which
     mark the run as not completed. The mark goes into the gate's header of the delivery.
 
-    A run the pool handed back (:class:`~celery_beetle.run.HandBack`) is marked too, so that
+    A run the pool handed back (:class:`~celery_beetle.worker.run.HandBack`) is marked too, so that
     the gate requeues it after a backoff rather than at once. A copy the pool's claim dropped
-    (:class:`~celery_beetle.run.Dropped`) gets a :data:`DROPPED_EVENT` event.
+    (:class:`~celery_beetle.worker.run.Dropped`) gets a :data:`DROPPED_EVENT` event.
 
     When the gate claimed the message, the mark is what makes the gate store the completion
-    before the ack (:meth:`~celery_beetle.gate.DeliveryGate.complete_before_ack`): the pool
+    before the ack (:meth:`~celery_beetle.worker.gate.DeliveryGate.complete_before_ack`): the pool
     left it to the main process.
     """
 

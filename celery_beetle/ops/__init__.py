@@ -9,7 +9,7 @@ module                what it holds
 ``applier``           applying them from workers in the background, one worker per fleet
 ``dead_letters``      browse, show and purge the messages in ``<queue>.dead`` on every broker
 ``replay``            publish dead letters back so that each runs exactly once (the rule it
-                      asks the store for is :func:`celery_beetle.outcome.decide_replay`)
+                      asks the store for is :func:`celery_beetle.store.outcome.decide_replay`)
 ``worker``            the worker bootstep that keeps its queues' policies applied
 ``migrate``           live queue migration (``beetle queues migrate``): the steps
 ``migration_state``   where a migration stands, kept in the dedup store; one process per queue

@@ -107,7 +107,7 @@ class BeetleGateStep(bootsteps.StartStopStep):
 
     def _filter_twins(self, c: Any, gated: frozenset[str]) -> None:
         """Let the gate see a gated task's deliveries before kombu makes Messages of them
-        (``beetle://`` only: :data:`kombu_beetle.channel.DeliveryFilter`), so that the
+        (``beetle://`` only: :data:`kombu_beetle.channel_host.DeliveryFilter`), so that the
         second copy of a message already running here costs almost nothing."""
         connection = getattr(getattr(c, "connection", None), "_connection", None)
         if connection is None or not hasattr(connection, "delivery_filter"):

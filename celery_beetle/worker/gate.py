@@ -337,7 +337,7 @@ class DeliveryGate(BadInputHandling):
         return self._examine(delivery)
 
     def hold_twin(self, raw: Any, task_name: str, deliver: Callable[[Any], Any]) -> bool:
-        """The transport's delivery filter (:data:`kombu_beetle.channel.DeliveryFilter`)
+        """The transport's delivery filter (:data:`kombu_beetle.channel_host.DeliveryFilter`)
         for a gated task's raw delivery: True when the gate took it as a :class:`Twin`,
         because a copy with its identity is in flight here (it waits for that run) or
         completed here a moment ago (it is acked now). Either way it costs no Redis call,

@@ -50,7 +50,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from billiard.process import current_process
 from celery.exceptions import Ignore, Reject, Retry
@@ -74,14 +74,12 @@ from celery_beetle.worker.lease import LeaseKeeper
 from celery_beetle.worker.retry_queue import RawMessage, publish_delayed, raw_message_from_request
 from kombu_beetle.trace import flush_role, get_tracer
 
-if TYPE_CHECKING:
-    from celery_beetle.task import BeetleTask
-
 __all__ = [
     "AttemptsExhausted",
     "DeadLettered",
     "HandBack",
     "Run",
+    "RunnableTask",
     "mark_inbox",
     "process_store",
     "request_facts",
@@ -93,6 +91,19 @@ _T = TypeVar("_T")
 
 #: How long a claim is retried (same owner) before the delivery is handed back.
 CLAIM_RETRY_S = 3.0
+
+
+class RunnableTask(Protocol):
+    """What a run needs of its task: :class:`~celery_beetle.task.BeetleTask` hands itself
+    to :class:`Run` (the task module imports this one, never the other way round)."""
+
+    name: str
+    app: Any
+
+    @property
+    def beetle_settings(self) -> BeetleSettings: ...
+
+    def run(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
 class DeadLettered(Exception):
@@ -259,7 +270,7 @@ class Run:
     the body's own exception (acked, state FAILURE, the message is dead-lettered).
     """
 
-    def __init__(self, task: BeetleTask, request: Any) -> None:
+    def __init__(self, task: RunnableTask, request: Any) -> None:
         self.task = task
         self.request = request
         self.settings = task.beetle_settings

@@ -1,7 +1,9 @@
 """The module paths that moved into the wings (#29), kept for one release.
 
 ``celery_beetle.gate`` is now :mod:`celery_beetle.worker.gate`, ``celery_beetle.outcome``
-:mod:`celery_beetle.store.outcome`, and so on (:data:`MOVED`). An old path still imports,
+:mod:`celery_beetle.store.outcome`, and so on (:data:`MOVED`); two names left a module that
+stayed (:data:`MOVED_NAMES`: ``celery_beetle.metrics.OutboxCollector`` is now
+:class:`celery_beetle.outbox.metrics.OutboxCollector`). An old path still imports,
 with a :class:`DeprecationWarning` that names the new one, and gives the new module itself:
 ``celery_beetle.run.HandBack is celery_beetle.worker.run.HandBack``, so a result, a pickle or
 a bootstep that names a class by its old path still finds it, and a test that patches the
@@ -21,10 +23,11 @@ import importlib.abc
 import importlib.machinery
 import sys
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
+from typing import Any
 
-__all__ = ["MOVED", "REMOVED_IN", "install"]
+__all__ = ["MOVED", "MOVED_NAMES", "REMOVED_IN", "install", "names_moved_from"]
 
 #: the release without the old paths
 REMOVED_IN = "0.2.0"
@@ -48,9 +51,35 @@ MOVED: Mapping[str, str] = {
     "celery_beetle.outcome": "celery_beetle.store.outcome",
     "celery_beetle.redis_health": "celery_beetle.store.health",
     "celery_beetle.state": "celery_beetle.store.state",
-    "celery_beetle.status": "celery_beetle.cli.status",
+    "celery_beetle.status": "celery_beetle.cli.report",
     "celery_beetle.top": "celery_beetle.cli.top",
 }
+
+
+#: (module, name) -> the module the name moved to, out of a module that stayed
+MOVED_NAMES: Mapping[tuple[str, str], str] = {
+    ("celery_beetle.metrics", "GateCollector"): "celery_beetle.worker.metrics",
+    ("celery_beetle.metrics", "OutboxCollector"): "celery_beetle.outbox.metrics",
+}
+
+
+def names_moved_from(module: str) -> Callable[[str], Any]:
+    """``module``'s ``__getattr__`` for the names of :data:`MOVED_NAMES` that left it: each
+    warns, then is read from where it went (imported only then)."""
+
+    def __getattr__(name: str) -> Any:
+        new = MOVED_NAMES.get((module, name))
+        if new is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        warnings.warn(
+            f"{module}.{name} moved to {new}.{name}: import it from there "
+            f"({module}.{name} goes in {REMOVED_IN})",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(new), name)
+
+    return __getattr__
 
 
 class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):

@@ -63,7 +63,7 @@ from typing import Any
 
 from celery_beetle.store.address import EXPECTED_URL_FORMS, StoreAddress, parse_store_url
 from celery_beetle.store.outcome import Limits
-from celery_beetle.worker.facts import MAX_MESSAGE_LIFE_MS
+from kombu_beetle.envelope import MAX_MESSAGE_LIFE_S
 from kombu_beetle.scopes import parse_dedup_scopes, scope_of
 from kombu_beetle.urls import mask_url
 
@@ -259,8 +259,8 @@ class BeetleSettings:
             value = getattr(self, name)
             _require(value > 0, f"{name} must be a positive number of seconds, got {value!r}")
         _require(
-            self.message_ttl_s <= MAX_MESSAGE_LIFE_MS / 1000,
-            f"message_ttl_s must be at most {MAX_MESSAGE_LIFE_MS // 86_400_000} days, "
+            self.message_ttl_s <= MAX_MESSAGE_LIFE_S,
+            f"message_ttl_s must be at most {MAX_MESSAGE_LIFE_S // 86_400} days, "
             f"got {self.message_ttl_s!r}",
         )
         _require(

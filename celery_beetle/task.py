@@ -85,6 +85,7 @@ from celery_beetle.worker.run import (
     HandBack,
     Run,
     completed_on_the_loop,
+    is_beetle_task,
 )
 from kombu_beetle.envelope import FLAG_REDUNDANT, FLAGS_HEADER
 
@@ -326,10 +327,6 @@ class BeetleRequest(Request):
                 if self.worker_pid:  # the run's process, named by the ``completed`` event
                     facts[PID_MARK] = self.worker_pid
         super().acknowledge()
-
-
-def is_beetle_task(task: Any) -> bool:
-    return isinstance(task, BeetleTask)
 
 
 def resolve_settings(task: Any, app_settings: BeetleSettings) -> BeetleSettings:

@@ -1,7 +1,7 @@
 """``beetle status --watch``: a live view of brokers, queues, the dedup store and the workers.
 
 Every second it asks each broker and the store what ``beetle status`` asks
-(:mod:`celery_beetle.cli.status`: up or down, ready messages and consumers per queue and broker)
+(:mod:`celery_beetle.cli.report`: up or down, ready messages and consumers per queue and broker)
 and, given workers' metrics endpoints (``--metrics http://worker:9808/metrics``), scrapes
 them and shows what the gates decided per second (run, duplicate, deferred, expired, ...),
 tasks started and completed per second, and the dead letters per queue since the workers
@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from celery_beetle.cli import status as report
+from celery_beetle.cli import report
 
 __all__ = ["Snapshot", "scrape", "view", "watch"]
 

@@ -29,12 +29,13 @@ from celery_beetle.settings import BeetleSettings
 from celery_beetle.store.health import RedisProbe, store_unavailable
 from celery_beetle.store.outcome import Limits, Rejected
 from celery_beetle.store.redis import RedisStore, wall_clock_ms
-from celery_beetle.task import is_beetle_task
 from celery_beetle.worker.deadletter import dead_letter_headers, publish_dead_letter
 from celery_beetle.worker.facts import FACTS_HEADER, HANDBACK_MARK, InvalidHeader, message_facts
 from celery_beetle.worker.gate import DeliveryGate
 from celery_beetle.worker.gate_reads import pipelined_reads_for
+from celery_beetle.worker.metrics import GateCollector
 from celery_beetle.worker.retry_queue import RawMessage
+from celery_beetle.worker.run import is_beetle_task
 from kombu_beetle.trace import get_tracer
 
 __all__ = ["BeetleGateStep", "load_settings"]
@@ -128,7 +129,7 @@ class BeetleGateStep(bootsteps.StartStopStep):
         port, addr = self.settings.metrics_port, self.settings.metrics_addr
         assert port is not None
         try:
-            return metrics.serve(port, addr, lambda: self.gate, True)
+            return metrics.serve(port, addr, [GateCollector(lambda: self.gate)], True)
         except OSError as exc:
             raise ImproperlyConfigured(
                 f"celery_beetle: cannot serve metrics on {addr}:{port} ({exc.strerror or exc}): "

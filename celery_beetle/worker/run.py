@@ -50,7 +50,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeGuard, TypeVar
 
 from billiard.process import current_process
 from celery.exceptions import Ignore, Reject, Retry
@@ -80,6 +80,7 @@ __all__ = [
     "HandBack",
     "Run",
     "RunnableTask",
+    "is_beetle_task",
     "mark_inbox",
     "process_store",
     "request_facts",
@@ -94,8 +95,9 @@ CLAIM_RETRY_S = 3.0
 
 
 class RunnableTask(Protocol):
-    """What a run needs of its task: :class:`~celery_beetle.task.BeetleTask` hands itself
-    to :class:`Run` (the task module imports this one, never the other way round)."""
+    """What the worker needs of a BeetleTask: :class:`~celery_beetle.task.BeetleTask` hands
+    itself to :class:`Run`, and the gate step finds such tasks by :func:`is_beetle_task`
+    (the task module imports this one, never the other way round)."""
 
     name: str
     app: Any
@@ -103,7 +105,15 @@ class RunnableTask(Protocol):
     @property
     def beetle_settings(self) -> BeetleSettings: ...
 
+    def apply_beetle_time_limits(self) -> None: ...
+
     def run(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+def is_beetle_task(task: Any) -> TypeGuard[RunnableTask]:
+    """Is ``task`` a BeetleTask (an instance of it or of a subclass)? Read from its class,
+    so that a property is never run to find out."""
+    return callable(getattr(type(task), "apply_beetle_time_limits", None))
 
 
 class DeadLettered(Exception):

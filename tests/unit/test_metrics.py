@@ -7,9 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from celery_beetle.metrics import GateCollector, _Merged
+from celery_beetle.metrics import _Merged
 from celery_beetle.settings import BeetleSettings
 from celery_beetle.store.outcome import Claim
+from celery_beetle.worker.metrics import GateCollector
 
 pytest.importorskip("prometheus_client")
 
@@ -97,7 +98,9 @@ def test_a_metrics_port_in_use_stops_the_worker_with_a_clear_error(monkeypatch):
     from celery_beetle import metrics
     from celery_beetle.worker.bootstep import BeetleGateStep
 
-    monkeypatch.setattr(metrics, "registry_for", lambda gate, multiprocess: CollectorRegistry())
+    monkeypatch.setattr(
+        metrics, "registry_for", lambda collectors, multiprocess: CollectorRegistry()
+    )
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

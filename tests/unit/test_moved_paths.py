@@ -61,3 +61,14 @@ def test_a_result_naming_an_exception_by_its_old_path_still_loads():
     assert old != data
     loaded = pickle.loads(old)
     assert type(loaded) is AttemptsExhausted and loaded.args == ("started 3 times",)
+
+
+def test_a_name_that_left_a_module_warns_and_is_read_from_its_new_module():
+    from celery_beetle import metrics
+    from celery_beetle.worker.metrics import GateCollector
+
+    with pytest.warns(DeprecationWarning, match="moved to celery_beetle.worker.metrics"):
+        old = metrics.GateCollector
+    assert old is GateCollector
+    with pytest.raises(AttributeError):
+        metrics.NoSuchCollector  # noqa: B018

@@ -16,6 +16,21 @@ deliveries before the pool, and the opt-in ``BeetleTask`` base class::
 Settings (``app.conf.beetle_*``): :mod:`celery_beetle.settings`. Task options:
 :mod:`celery_beetle.task`. What the worker does with each delivery:
 :mod:`celery_beetle.worker.gate`.
+
+The package: the public surface at the top (this module's :func:`install`,
+:mod:`celery_beetle.task`, :mod:`celery_beetle.settings`, :mod:`celery_beetle.metrics`,
+:mod:`celery_beetle.censor`) and a folder per wing, each ``__init__`` its map and its import
+rules: :mod:`celery_beetle.store` (the dedup store and its rules), :mod:`celery_beetle.worker`
+(what runs inside a Celery worker), :mod:`celery_beetle.ops` (the operator's tools),
+:mod:`celery_beetle.outbox`, :mod:`celery_beetle.audit`, :mod:`celery_beetle.cli` (the
+``beetle`` command), :mod:`celery_beetle.testing` (the pytest plugin's parts) and
+:mod:`celery_beetle.contrib`. The store is at the bottom, then the settings and metrics,
+the worker, the task and the operator's wings; :func:`install` assembles them
+(``tests/unit/test_import_rules.py`` checks):
+
+:May import: ``kombu_beetle``, ``celery_beetle._moved``, ``celery_beetle.settings``,
+    ``celery_beetle.task``, ``celery_beetle.censor``, ``celery_beetle.worker``,
+    ``celery_beetle.ops``
 """
 
 from __future__ import annotations

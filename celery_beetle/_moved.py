@@ -14,6 +14,8 @@ follows it to its new place in a merge): :func:`install`, called by ``celery_bee
 ``__init__``, puts a finder for them first on :data:`sys.meta_path` (it answers for the
 names of :data:`MOVED` only, so an old file left behind by an earlier install is never
 loaded beside its new module). The old paths go in :data:`REMOVED_IN`, as the CHANGELOG says.
+
+:May import: nothing of the project (an old path's module is imported by name, when asked)
 """
 
 from __future__ import annotations

@@ -61,6 +61,9 @@ are in :mod:`kombu_beetle.metrics` and served by the same endpoint):
 ==============================================  ===============================================
 
 Labels are bounded (queue, task, broker, outcome, verdict, reason): never a message id.
+
+:May import: ``kombu_beetle``, ``celery_beetle._moved``
+:Not imported by: ``kombu_beetle``, ``celery_beetle.store``
 """
 
 from __future__ import annotations

@@ -50,6 +50,9 @@ above ``attempts - 1`` could never take effect and is refused.
 method, so it is deprecated: the task option ``delay=``, ``with_options(delay=...)`` and the
 setting ``beetle_default_delay`` still work, with a :class:`DeprecationWarning`. Given together
 with the new name and a different value, they are refused rather than one silently winning.
+
+:May import: ``kombu_beetle``, ``celery_beetle.store``
+:Not imported by: ``kombu_beetle``, ``celery_beetle.store``
 """
 
 from __future__ import annotations

@@ -59,6 +59,10 @@ Celery's ack options, as BeetleTask takes them (:data:`ACK_RULES`):
   app-wide ``task_*`` settings of the same names apply to plain tasks only.
 - ``worker_prefetch_multiplier = 0`` (no limit) works: every delivery the gate claims holds
   a reservation, renewed while it waits.
+
+:May import: ``kombu_beetle``, ``celery_beetle.settings``, ``celery_beetle.worker``
+:Not imported by: ``kombu_beetle``, ``celery_beetle.store``, ``celery_beetle.worker``,
+    ``celery_beetle.settings``, ``celery_beetle.metrics``, ``celery_beetle.censor``
 """
 
 from __future__ import annotations

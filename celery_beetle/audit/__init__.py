@@ -4,6 +4,14 @@
 :mod:`.schema` holds the event schema and the verdict names, :mod:`.transforms` the pure
 DataFrame logic, :mod:`.job` the Spark session and I/O, :mod:`.report` the HTML report.
 Nothing is imported here, so importing the package does not start or even import Spark.
+
+The audit reads trace files, never brokers or the store: of the transport it takes only the
+trace's schema, :mod:`kombu_beetle.trace` (``tests/unit/test_import_rules.py`` checks):
+
+:May import: ``kombu_beetle``
+:Not imported by: ``kombu_beetle``, ``celery_beetle.store``, ``celery_beetle.worker``,
+    ``celery_beetle.settings``, ``celery_beetle.metrics``, ``celery_beetle.task``,
+    ``celery_beetle.ops``, ``celery_beetle.outbox``
 """
 
 from __future__ import annotations

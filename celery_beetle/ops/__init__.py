@@ -20,4 +20,15 @@ module                what it holds
 
 Each operation is a Python function first; ``beetle`` (:mod:`celery_beetle.cli`) is a thin
 layer over them.
+
+The operator's tools build on the worker (its dead-letter names) and the store (replays,
+migration state); nothing below them imports them, and the worker's steps
+(:mod:`.worker`, :mod:`.handback_control`) are added by :func:`celery_beetle.install`
+(``tests/unit/test_import_rules.py`` checks):
+
+:May import: ``kombu_beetle``, ``celery_beetle.store``, ``celery_beetle.worker``,
+    ``celery_beetle.settings``
+:Not imported by: ``kombu_beetle``, ``celery_beetle.store``, ``celery_beetle.worker``,
+    ``celery_beetle.settings``, ``celery_beetle.metrics``, ``celery_beetle.censor``,
+    ``celery_beetle.task``, ``celery_beetle.outbox``, ``celery_beetle.audit``
 """

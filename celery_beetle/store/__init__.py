@@ -1,6 +1,30 @@
 """The dedup store: one record per message in Redis, the rules that change it, its fake.
 
-``from celery_beetle.store import RedisStore`` works as it did when this was one module.
+===================  ===================================================================
+``redis``            :class:`~.redis.RedisStore` (one Lua script per state change, one
+                     round trip each) and the :class:`~.redis.Store` interface it shares
+                     with the fake
+``fake``             :class:`~.fake.FakeStore`: the same rules over a dict, for tests
+``outcome``          the rules: pure functions from (stored record, message, limits, now)
+                     to a decision and the record to write
+``state``            the record's fields (:class:`~.state.State`) and a delivery's
+                     identity (:class:`~.state.MessageFacts`)
+``keys``             the record's Redis key, one per ``(scope, message_id)``
+``backoff``          the retry delay, the same in Python and in ``scripts/fail.lua``
+``health``           which errors mean "the store is unavailable", and a cheap probe
+``address``          the store's URL forms, parsed and connected to
+``scripts/*.lua``    one script per state change, each applying one rule atomically
+===================  ===================================================================
+
+``from celery_beetle.store import RedisStore`` (and the other names of ``__all__``) works
+as it did when this was one module.
+
+The store sits below everything else of ``celery_beetle``: the rules know nothing of Celery,
+so they are tested without Redis and without a worker. ``tests/unit/test_import_rules.py``
+checks:
+
+:May import: ``kombu_beetle``
+:Not imported by: ``kombu_beetle``
 """
 
 from __future__ import annotations

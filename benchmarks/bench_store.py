@@ -38,8 +38,8 @@ from typing import Any
 
 import redis
 
+from celery_beetle.store import RedisStore
 from celery_beetle.store.outcome import Gate, Limits
-from celery_beetle.store.redis import RedisStore
 from celery_beetle.store.state import MessageFacts
 
 PREFIX = "beetle-bench:"

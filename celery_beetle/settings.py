@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_beetle.store.address import EXPECTED_URL_FORMS, StoreAddress, parse_store_url
-from celery_beetle.store.outcome import Limits
+from celery_beetle.store.decisions import Limits
 from kombu_beetle.envelope import MAX_MESSAGE_LIFE_S
 from kombu_beetle.scopes import parse_dedup_scopes, scope_of
 from kombu_beetle.urls import mask_url

@@ -247,7 +247,7 @@ def dead_letter_and_replay(app, broker_url: str, redis_url: str, base: Path) -> 
     """A refund fails (a bug), is dead-lettered, listed, and replayed once the bug is fixed."""
     from celery_beetle.ops.dead_letters import list_dead_letters
     from celery_beetle.ops.replay import replay
-    from celery_beetle.store.redis import RedisStore
+    from celery_beetle.store import RedisStore
 
     broken = base / "refunds-broken"
     broken.touch()

@@ -77,7 +77,7 @@ def brokers(
 def store(url: str) -> StoreStatus:
     """Ping the dedup store and say how big it is."""
     from celery_beetle.settings import mask_url
-    from celery_beetle.store.redis import connect
+    from celery_beetle.store import connect
 
     status = StoreStatus(mask_url(url), up=False)
     try:

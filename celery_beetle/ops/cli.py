@@ -140,7 +140,7 @@ def _previews(letters: list[Any], redis_url: str | None, key_prefix: str) -> lis
     if not redis_url or not letters:
         return []
     from celery_beetle.ops.replay import preview
-    from celery_beetle.store.redis import RedisStore
+    from celery_beetle.store import RedisStore
 
     store = RedisStore.from_url(redis_url, key_prefix=key_prefix)
     try:
@@ -222,7 +222,7 @@ def replay_command(
     Exit status 1 when a replay failed or was refused.
     """
     from celery_beetle.ops.replay import replay
-    from celery_beetle.store.redis import RedisStore
+    from celery_beetle.store import RedisStore
     from kombu_beetle.trace import flush_all, get_tracer
 
     if not (ids or task or everything):
@@ -498,7 +498,7 @@ def migrate_command(
         StateStore,
         parse_arguments,
     )
-    from celery_beetle.store.redis import connect
+    from celery_beetle.store import connect
     from kombu_beetle.options import build_options
 
     if not queue:

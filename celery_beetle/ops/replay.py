@@ -62,8 +62,8 @@ from celery_beetle.ops.dead_letters import (
     DeadLetterBrowser,
     select,
 )
+from celery_beetle.store import REPLAY_MARK_TTL_MS, Store
 from celery_beetle.store.outcome import Replay, ReplayMark, decide_replay
-from celery_beetle.store.redis import REPLAY_MARK_TTL_MS, Store
 from celery_beetle.worker.deadletter import PREFIX as DEAD_PREFIX
 from kombu_beetle.envelope import (
     EXPIRES_AT_HEADER,

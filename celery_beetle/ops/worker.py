@@ -77,7 +77,7 @@ class BeetlePolicyStep(bootsteps.StartStopStep):
         lock = None
         redis_url = c.app.conf.get("beetle_redis_url")
         if redis_url:
-            from celery_beetle.store.redis import connect
+            from celery_beetle.store import connect
 
             prefix = c.app.conf.get("beetle_key_prefix") or "beetle:"
             fingerprint = self.config.fingerprint(queues + [cl.base_url for cl in clients])

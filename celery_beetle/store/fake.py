@@ -12,6 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+from celery_beetle.store.base import (
+    DEFAULT_KEY_PREFIX,
+    DEFAULT_TTL_MARGIN_MS,
+    REPLAY_MARK_TTL_MS,
+    Store,
+    wall_clock_ms,
+)
 from celery_beetle.store.outcome import (
     ClaimDecision,
     FailureDecision,
@@ -34,13 +41,6 @@ from celery_beetle.store.outcome import (
     decide_start,
     key_ttl_ms,
     replay_mark_ttl_ms,
-)
-from celery_beetle.store.redis import (
-    DEFAULT_KEY_PREFIX,
-    DEFAULT_TTL_MARGIN_MS,
-    REPLAY_MARK_TTL_MS,
-    Store,
-    wall_clock_ms,
 )
 from celery_beetle.store.state import MAX_OWNER_LENGTH, MessageFacts, State
 

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from billiard.exceptions import SoftTimeLimitExceeded
 from redis import exceptions as redis_errors
 
-from celery_beetle.store.redis import connect
+from celery_beetle.store.address import connect
 
 __all__ = ["STORE_ERRORS", "RedisProbe", "call_until_stored", "store_unavailable"]
 

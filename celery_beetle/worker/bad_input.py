@@ -8,7 +8,7 @@ An unknown task is what an older worker sees during a rolling deploy, when newer
 already publish a task it does not have. Failing it there would lose it (and mark its record
 failed, so the newer worker would drop the other copy); instead it is handed back for a worker
 that knows it, until a grace period after a worker first saw it (kept in Redis:
-:meth:`~celery_beetle.store.redis.Store.first_seen`), and only then dead-lettered.
+:meth:`~celery_beetle.store.base.Store.first_seen`), and only then dead-lettered.
 
 :class:`BadInputHandling` is part of :class:`~celery_beetle.worker.gate.DeliveryGate`; it is apart
 only so each module reads on its own.
@@ -22,8 +22,8 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from celery_beetle.store import Store
 from celery_beetle.store.health import store_unavailable
-from celery_beetle.store.redis import Store
 from celery_beetle.worker.facts import InvalidHeader, message_facts
 from celery_beetle.worker.handback import HandBacks, ack
 from kombu_beetle.scopes import scope_of

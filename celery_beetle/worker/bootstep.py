@@ -26,9 +26,9 @@ from kombu.exceptions import ContentDisallowed, DecodeError
 
 from celery_beetle import metrics
 from celery_beetle.settings import BeetleSettings
+from celery_beetle.store import RedisStore, wall_clock_ms
 from celery_beetle.store.health import RedisProbe, store_unavailable
 from celery_beetle.store.outcome import Limits, Rejected
-from celery_beetle.store.redis import RedisStore, wall_clock_ms
 from celery_beetle.worker.deadletter import dead_letter_headers, publish_dead_letter
 from celery_beetle.worker.facts import FACTS_HEADER, HANDBACK_MARK, InvalidHeader, message_facts
 from celery_beetle.worker.gate import DeliveryGate
@@ -239,7 +239,7 @@ class BeetleGateStep(bootsteps.StartStopStep):
     ) -> float | None:
         """Dead-letter bad input once per message, not once per copy: every copy of a
         redundant message is equally bad, so the store lets the first one through
-        (:meth:`~celery_beetle.store.redis.Store.reject`) and the others are only acked.
+        (:meth:`~celery_beetle.store.base.Store.reject`) and the others are only acked.
 
         Returns None when the message may be acked, or seconds after which to hand it back
         (another worker is publishing its dead letter). Raises when the dead letter is not

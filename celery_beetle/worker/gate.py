@@ -90,6 +90,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from celery_beetle import metrics
+from celery_beetle.store import Store, wall_clock_ms
 from celery_beetle.store.health import store_unavailable
 from celery_beetle.store.outcome import (
     RESERVATION_MS,
@@ -101,7 +102,6 @@ from celery_beetle.store.outcome import (
     decide_gate,
 )
 from celery_beetle.store.outcome import Gate as Verdict
-from celery_beetle.store.redis import Store, wall_clock_ms
 from celery_beetle.store.state import MAX_OWNER_LENGTH, MessageFacts, Status
 from celery_beetle.worker.bad_input import BadInput, BadInputHandling, DeadLetter
 from celery_beetle.worker.facts import (

@@ -8,7 +8,7 @@ time limits, and gevent and eventlet only cooperatively (a body that does not yi
 interrupted): there a slow body can outlive its lease and overlap with a takeover run.
 
 :class:`LeaseKeeper` closes that gap. Started when the body starts, it extends the lease
-(:meth:`~celery_beetle.store.redis.Store.extend`, fenced by the claim's token) every third of the
+(:meth:`~celery_beetle.store.base.Store.extend`, fenced by the claim's token) every third of the
 lease from a daemon thread, until :meth:`LeaseKeeper.stop` when the body ends:
 
 * a store error (:data:`~celery_beetle.store.health.STORE_ERRORS`) is logged and retried at
@@ -37,9 +37,9 @@ from typing import Any
 
 from celery.concurrency.prefork import TaskPool as PreforkPool
 
+from celery_beetle.store import Store
 from celery_beetle.store.health import STORE_ERRORS
 from celery_beetle.store.outcome import Fence
-from celery_beetle.store.redis import Store
 from celery_beetle.store.state import MessageFacts
 
 __all__ = ["LeaseKeeper", "pool_enforces_time_limits"]

@@ -58,9 +58,9 @@ from celery.signals import task_failure, task_internal_error, task_postrun
 
 from celery_beetle import metrics
 from celery_beetle.settings import BeetleSettings
+from celery_beetle.store import RedisStore, wall_clock_ms
 from celery_beetle.store.health import call_until_stored, store_unavailable
 from celery_beetle.store.outcome import Claim, ClaimDecision, Failure, GiveUpReason
-from celery_beetle.store.redis import RedisStore, wall_clock_ms
 from celery_beetle.store.state import MAX_OWNER_LENGTH, MessageFacts, Status
 from celery_beetle.worker.deadletter import dead_letter_headers, publish_dead_letter
 from celery_beetle.worker.facts import (

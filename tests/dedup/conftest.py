@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from celery_beetle.store import RedisStore, Store, wall_clock_ms
 from celery_beetle.store.fake import FakeStore
-from celery_beetle.store.redis import RedisStore, Store, wall_clock_ms
 
 
 class ManualClock:

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from kombu.asynchronous import Hub
 
+from celery_beetle.store import RedisStore, wall_clock_ms
 from celery_beetle.store.outcome import Claim, Limits
-from celery_beetle.store.redis import RedisStore, wall_clock_ms
 from celery_beetle.store.state import MessageFacts, Status
 from celery_beetle.worker.gate_reads import PipelinedReads, pipelined_reads_for
 

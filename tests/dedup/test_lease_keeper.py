@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import uuid
 
+from celery_beetle.store import RedisStore, wall_clock_ms
 from celery_beetle.store.outcome import Claim, Limits
-from celery_beetle.store.redis import RedisStore, wall_clock_ms
 from celery_beetle.store.state import MessageFacts
 from celery_beetle.worker.lease import LeaseKeeper
 from tests.harness.waiting import wait_until

@@ -17,6 +17,7 @@ import uuid
 import pytest
 import redis
 
+from celery_beetle.store import RedisStore, Store
 from celery_beetle.store.fake import FakeStore
 from celery_beetle.store.outcome import (
     DEAD_LETTER_LEASE_MS,
@@ -28,7 +29,6 @@ from celery_beetle.store.outcome import (
     Limits,
     Rejected,
 )
-from celery_beetle.store.redis import RedisStore, Store
 from celery_beetle.store.state import MessageFacts, State, Status
 from tests.dedup.conftest import ManualClock
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
+from celery_beetle.store import RedisStore, Store
 from celery_beetle.store.fake import FakeStore
 from celery_beetle.store.outcome import Claim, Fence, Gate, Limits
-from celery_beetle.store.redis import RedisStore, Store
 from celery_beetle.store.state import MessageFacts, Status
 from tests.dedup.conftest import ManualClock
 

@@ -5,8 +5,8 @@ expired" is played as "there never was one")."""
 
 from __future__ import annotations
 
+from celery_beetle.store import REPLAY_MARK_TTL_MS
 from celery_beetle.store.outcome import DEAD_LETTER_RETENTION_MS, Claim, Limits, Replay
-from celery_beetle.store.redis import REPLAY_MARK_TTL_MS
 from celery_beetle.store.state import MessageFacts
 from tests.dedup.conftest import ManualClock
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from celery_beetle.store import RedisStore, ReplicaAckTimeout, connect, wall_clock_ms
 from celery_beetle.store.health import STORE_ERRORS
 from celery_beetle.store.outcome import Fence, Gate, Limits
-from celery_beetle.store.redis import RedisStore, ReplicaAckTimeout, connect, wall_clock_ms
 from celery_beetle.store.state import MessageFacts
 from tests.harness.ports import free_port
 from tests.harness.redis_server import redis_server_binary

@@ -16,7 +16,7 @@ import uuid
 import pytest
 import redis
 
-from celery_beetle.store.redis import RedisStore
+from celery_beetle.store import RedisStore
 from kombu_beetle.envelope import EXPIRES_AT_HEADER
 from tests.exactly_once.conftest import counts
 from tests.exactly_once.poison import (

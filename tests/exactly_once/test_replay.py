@@ -15,7 +15,7 @@ from celery_beetle.ops.dead_letters import list_dead_letters
 from celery_beetle.ops.management import clients_for_url
 from celery_beetle.ops.policies import PolicyConfig, apply
 from celery_beetle.ops.replay import kombu_publisher, replay
-from celery_beetle.store.redis import RedisStore
+from celery_beetle.store import RedisStore
 from tests.exactly_once.conftest import FAST, counts
 from tests.harness.waiting import wait_until
 from tests.ops.conftest import management_config

@@ -21,7 +21,7 @@ from celery_beetle.ops.dead_letters import list_dead_letters
 from celery_beetle.ops.management import clients_for_url
 from celery_beetle.ops.policies import PolicyConfig, apply
 from celery_beetle.ops.replay import kombu_publisher, replay
-from celery_beetle.store.redis import RedisStore
+from celery_beetle.store import RedisStore
 from kombu_beetle.envelope import EXPIRES_AT_HEADER, FLAGS_HEADER
 from tests.exactly_once.conftest import FAST, counts
 from tests.exactly_once.poison import celery_queue_empty, publish_raw, task_body

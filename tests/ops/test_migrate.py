@@ -108,7 +108,7 @@ def test_a_broker_down_at_the_start_is_refused_by_name(brokers, redis_url):
 
 def test_one_migration_process_per_queue_and_a_dead_ones_lease_runs_out(redis_url):
     from celery_beetle.ops.migrate import MigrationError, MigrationLock
-    from celery_beetle.store.redis import connect
+    from celery_beetle.store import connect
 
     client = connect(redis_url)
     first = MigrationLock(client, "beetle:ops:migration:/:jobs:lock", ttl_s=1.0)
@@ -173,7 +173,7 @@ def test_a_migration_that_lost_its_lease_stops_before_its_next_step_and_the_resu
 
     from celery_beetle.ops.management import clients_for_url
     from celery_beetle.ops.migrate import MigrationError, MigrationLock, Migrator, StateStore
-    from celery_beetle.store.redis import connect
+    from celery_beetle.store import connect
     from kombu_beetle.options import build_options
     from tests.harness.waiting import wait_until
     from tests.ops.conftest import management_config

@@ -95,7 +95,7 @@ class InboxRun:
     def stored_statuses(self, message_ids: list[str]) -> Counter[str]:
         """What the dedup store holds for each message (``completed`` once each ran)."""
         from celery_beetle.settings import BeetleSettings
-        from celery_beetle.store.redis import RedisStore
+        from celery_beetle.store import RedisStore
 
         store = RedisStore.from_settings(BeetleSettings.from_app(self.app))
         states = [store.peek("celery", message_id) for message_id in message_ids]

@@ -8,8 +8,8 @@ import pytest
 from celery import Celery
 
 from celery_beetle.settings import BeetleSettings, mask_url, parse_store_url
+from celery_beetle.store import RedisStore
 from celery_beetle.store.outcome import Limits
-from celery_beetle.store.redis import RedisStore
 
 URL = "redis://localhost:6379/0"
 

@@ -15,7 +15,9 @@ module                what it holds
 ``migration_state``   where a migration stands, kept in the dedup store; one process per queue
 ``mover``             moving a queue's messages on one broker, acked once confirmed
 ``fleet``             every consumer on every broker: beetle, older beetle or plain
-``cli``               ``beetle dead-letters``, ``beetle queues`` and ``beetle fleet``
+``cli``               the wing's commands for ``beetle``: ``dead-letters``
+                      (``cli_dead_letters``), ``queues`` and ``fleet`` (``cli_queues``),
+                      and the options they share (``cli_options``)
 ====================  ==========================================================================
 
 Each operation is a Python function first; ``beetle`` (:mod:`celery_beetle.cli`) is a thin

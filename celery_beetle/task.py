@@ -75,6 +75,7 @@ from celery import Task
 from celery.worker.request import Request
 
 from celery_beetle.settings import DEPRECATED_OPTIONS, TASK_OPTIONS, BeetleSettings, take_deprecated
+from celery_beetle.worker.errors import AttemptsExhausted, DeadLettered, Dropped, HandBack
 from celery_beetle.worker.facts import (
     COMPLETED_MARK,
     FACTS_HEADER,
@@ -82,15 +83,7 @@ from celery_beetle.worker.facts import (
     PID_MARK,
     RUNTIME_MARK,
 )
-from celery_beetle.worker.run import (
-    AttemptsExhausted,
-    DeadLettered,
-    Dropped,
-    HandBack,
-    Run,
-    completed_on_the_loop,
-    is_beetle_task,
-)
+from celery_beetle.worker.run import Run, completed_on_the_loop, is_beetle_task
 from kombu_beetle.envelope import FLAG_REDUNDANT, FLAGS_HEADER
 
 __all__ = [
@@ -276,13 +269,14 @@ class BeetleRequest(Request):
     ``on_failure``, ``on_retry``, a hard ``on_timeout`` or ``_announce_revoked``, which
     mark the run as not completed. The mark goes into the gate's header of the delivery.
 
-    A run the pool handed back (:class:`~celery_beetle.worker.run.HandBack`) is marked too, so that
-    the gate requeues it after a backoff rather than at once. A copy the pool's claim dropped
-    (:class:`~celery_beetle.worker.run.Dropped`) gets a :data:`DROPPED_EVENT` event.
+    A run the pool handed back (:class:`~celery_beetle.worker.errors.HandBack`) is marked
+    too, so that the gate requeues it after a backoff rather than at once. A copy the pool's
+    claim dropped (:class:`~celery_beetle.worker.errors.Dropped`) gets a
+    :data:`DROPPED_EVENT` event.
 
     When the gate claimed the message, the mark is what makes the gate store the completion
-    before the ack (:meth:`~celery_beetle.worker.gate.DeliveryGate.complete_before_ack`): the pool
-    left it to the main process.
+    before the ack (:meth:`~celery_beetle.worker.gate.DeliveryGate.complete_before_ack`): the
+    pool left it to the main process.
     """
 
     _beetle_not_completed = False

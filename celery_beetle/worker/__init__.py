@@ -18,6 +18,8 @@ the main process
 the pool
 ``run``                 one run of a body: start (or claim), body, complete or fail; the
                         :class:`~.run.RunnableTask` protocol a BeetleTask meets
+``errors``              what a run raises: the give-ups the result backend records
+                        (exported by ``celery_beetle``), a dropped copy, a hand-back
 ``lease``               keeping a lease alive where the pool cannot cut a body short
 both
 ``facts``               a delivery's dedup identity and expiry, in its headers

@@ -29,7 +29,7 @@ No error of the store's may end with the delivery acked while its outcome is not
 
 - the claim is retried for a few seconds under the same owner (so a claim whose reply was
   lost is recognised as this run's own), then the delivery is handed back
-  (:class:`HandBack`): the gate requeues it after a backoff, pauses if the store is
+  (:class:`~.errors.HandBack`): the gate requeues it after a backoff, pauses if the store is
   unavailable, and releases the claim by its owner once Redis answers;
 - a completion or failure is retried until stored (:func:`~.redis_health.call_until_stored`);
 - a dead letter that cannot be published hands the delivery back; the record keeps it owed,
@@ -63,6 +63,7 @@ from celery_beetle.store.health import call_until_stored, store_unavailable
 from celery_beetle.store.outcome import Claim, ClaimDecision, Failure, GiveUpReason
 from celery_beetle.store.state import MAX_OWNER_LENGTH, MessageFacts, Status
 from celery_beetle.worker.deadletter import dead_letter_headers, publish_dead_letter
+from celery_beetle.worker.errors import AttemptsExhausted, DeadLettered, Dropped, HandBack
 from celery_beetle.worker.facts import (
     CLAIM_MARK,
     FACTS_HEADER,
@@ -114,61 +115,6 @@ def is_beetle_task(task: Any) -> TypeGuard[RunnableTask]:
     """Is ``task`` a BeetleTask (an instance of it or of a subclass)? Read from its class,
     so that a property is never run to find out."""
     return callable(getattr(type(task), "apply_beetle_time_limits", None))
-
-
-class DeadLettered(Exception):
-    """The message gave up without this run (its dead letter was owed by a run that could
-    not publish it); it is dead-lettered now. The result backend records the failure."""
-
-
-class AttemptsExhausted(DeadLettered):
-    """The message started ``attempts`` times (crashed runs included) and never completed;
-    it was dead-lettered. The result backend records this as the task's failure."""
-
-
-class Dropped(Ignore):
-    """This copy is not run: another copy ran (``duplicate``) or the message ``expired``.
-
-    Acked without a result, as ``Ignore`` is; the main process sends Celery's monitors a
-    ``task-beetle-dropped`` event for it (:class:`~celery_beetle.task.BeetleRequest`), so the
-    ``task-received``/``task-started`` Celery already sent for this copy are not taken for a
-    second run."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-    def __reduce__(self) -> Any:
-        return (type(self), (self.reason,))
-
-
-class HandBack(Reject):
-    """Give the delivery back, unacked, for the gate to requeue after ``delay_s``.
-
-    ``store``: the store was unavailable (the gate pauses until it answers); ``owner``: a
-    claim sent under this owner may have been applied without its reply arriving (the gate
-    releases it by its owner once Redis answers). Raised in the pool, read in the main
-    process (:class:`~celery_beetle.task.BeetleRequest`), so it pickles its own arguments.
-    """
-
-    def __init__(
-        self, reason: str, delay_s: float = 1.0, store: bool = False, owner: str = ""
-    ) -> None:
-        super().__init__(reason, requeue=True)
-        self.delay_s = delay_s
-        self.store = store
-        self.owner = owner
-
-    def __reduce__(self) -> Any:
-        return (type(self), (self.reason, self.delay_s, self.store, self.owner))
-
-    def mark(self) -> dict[str, Any]:
-        return {
-            "reason": str(self.reason)[:300],
-            "delay_s": self.delay_s,
-            "store": self.store,
-            "owner": self.owner,
-        }
 
 
 _stores: dict[tuple[Any, ...], RedisStore] = {}

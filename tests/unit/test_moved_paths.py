@@ -57,7 +57,7 @@ def test_a_result_naming_an_exception_by_its_old_path_still_loads():
     from celery_beetle import AttemptsExhausted
 
     data = pickle.dumps(AttemptsExhausted("started 3 times"), protocol=0)
-    old = data.replace(b"celery_beetle.worker.run", b"celery_beetle.run")
+    old = data.replace(b"celery_beetle.worker.errors", b"celery_beetle.run")
     assert old != data
     loaded = pickle.loads(old)
     assert type(loaded) is AttemptsExhausted and loaded.args == ("started 3 times",)

@@ -8,9 +8,12 @@ event loop) before it may take a pool slot, and its body runs in the pool under 
 the main process
 ``bootstep``            the consumer bootstep: validates the settings at start, puts the
                         gate in front of each BeetleTask's strategy, serves the metrics
-``gate``                :class:`~.gate.DeliveryGate`: run, drop a duplicate, defer, hold a
-                        twin, hand back; claims and completes in its batches
+``gate``                :class:`~.gate.DeliveryGate`: what it finds and decides for each
+                        delivery (run, drop a duplicate, defer, hold a twin, hand back)
+``held``                the copies it does not run now: dropped, deferred, twins, handed back
+``gate_claims``         its claims: reservations renewed, completions stored before the ack
 ``gate_reads``          the gate's Redis calls, pipelined on the event loop
+``outage``              the gate while Redis is unavailable: parked, probing, resuming
 ``bad_input``           deliveries the gate cannot run: bad input, unknown tasks
 ``handback``            requeueing a delivery after a backoff, never acking it
 ``metrics``             the gate's counts, read when Prometheus scrapes

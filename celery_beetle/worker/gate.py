@@ -51,8 +51,8 @@ foresaw            (0.5 s, doubling to 30 s per message). Never an ack
 
 A message leaves its queue only once its outcome or its dead letter is stored: a dead letter
 that cannot be published, a pool run that could not claim (the pool's
-:class:`~celery_beetle.worker.run.HandBack`) and an unknown task within its grace period (a rolling
-deploy: see :meth:`DeliveryGate.unknown_task`) are all handed back, never acked.
+:class:`~celery_beetle.worker.errors.HandBack`) and an unknown task within its grace period (a
+rolling deploy: see :meth:`DeliveryGate.unknown_task`) are all handed back, never acked.
 
 Deferred copies are bounded (``max_deferred`` copies, ``max_deferred_bytes`` of bodies): past
 either bound a deferred copy no longer widens the prefetch window, so the brokers stop
@@ -76,6 +76,19 @@ A delivery's identity is ``(scope, message_id)``: the scope of the queue it came
 it are one message wherever they came from, so a copy in an old and one in a new queue of a
 migration wait for each other as the two copies of one queue do, and run once. Trace events
 name the scope in their ``queue`` field, as the audit's identity is the same pair.
+
+The gate is one object, :class:`DeliveryGate`, written in five modules so that each reads
+on its own:
+
+===================  ==================================================================
+this module          what the gate finds and decides for a delivery, and running it
+:mod:`.held`         what it holds, and what it does with a copy it does not run now:
+                     drop, defer, hold a twin, hand back
+:mod:`.gate_claims`  the claims it makes: reservations renewed until the body begins,
+                     completions stored before the ack
+:mod:`.outage`       Redis unavailable: park, probe, release, resume
+:mod:`.bad_input`    bad input and unknown tasks
+===================  ==================================================================
 """
 
 from __future__ import annotations
@@ -83,20 +96,17 @@ from __future__ import annotations
 import logging
 import secrets
 import socket
-import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from celery_beetle import metrics
 from celery_beetle.store import Store, wall_clock_ms
 from celery_beetle.store.health import store_unavailable
 from celery_beetle.store.outcome import (
     RESERVATION_MS,
     Claim,
     ClaimDecision,
-    FenceDecision,
     GateDecision,
     Limits,
     decide_gate,
@@ -108,16 +118,15 @@ from celery_beetle.worker.facts import (
     CLAIM_MARK,
     COMPLETED_MARK,
     FACTS_HEADER,
-    PID_MARK,
-    RUNTIME_MARK,
     GateClaim,
     InvalidHeader,
-    facts_from_headers,
     facts_header,
     message_facts,
 )
-from celery_beetle.worker.handback import HandBacks, ack, channel_open, requeue
-from kombu_beetle.brokers import incarnation_of, settle_raw
+from celery_beetle.worker.gate_claims import ClaimKeeping
+from celery_beetle.worker.handback import HandBacks, requeue
+from celery_beetle.worker.held import HELD_MARK, CompletedMemory, Delivery, Holding, QoSLike, Twin
+from celery_beetle.worker.outage import StoreOutage
 from kombu_beetle.scopes import scope_of
 from kombu_beetle.trace import NullTracer
 
@@ -126,88 +135,8 @@ __all__ = ["BadInput", "DeadLetter", "DeliveryGate"]
 logger = logging.getLogger(__name__)
 
 
-class QoSLike(Protocol):
-    def increment_eventually(self, n: int = 1) -> int: ...
-
-    def decrement_eventually(self, n: int = 1) -> int: ...
-
-
-@dataclass(eq=False)
-class Delivery:
-    """One delivery held by the gate, and how to start it when its turn comes."""
-
-    message: Any
-    task_name: str
-    facts: MessageFacts
-    start: Callable[[Callable[[], None]], None]
-    generation: int
-    qos: QoSLike | None = None  # the QoS whose window it widened while deferred
-    rechecks: int = 0
-    size: int = 0  # body bytes, counted against max_deferred_bytes while deferred
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return self.facts.identity
-
-
-#: in a held twin's ``delivery_info`` (kombu's Message shares the dict): traced already
-HELD_MARK = "beetle_held"
-
-
-@dataclass(eq=False)
-class Twin:
-    """A copy held before kombu made a Message of it (:meth:`DeliveryGate.hold_twin`): a
-    copy with its identity is running in this worker. When that run completes the twin is
-    acked as a duplicate; after any other ending it is delivered on, through Celery and the
-    gate, as any copy. A twin is its own message view (the trace and hand-back helpers read
-    ``headers``, ``delivery_info`` and ``channel`` and call ``ack`` and ``reject``)."""
-
-    raw: Any
-    task_name: str
-    key: tuple[str, str]
-    deliver: Callable[[Any], Any]
-    generation: int
-    incarnation: int = 0  # of its broker channel as it arrived (kombu_beetle.brokers)
-    settled: bool = False
-
-    @property
-    def message(self) -> Twin:
-        return self
-
-    @property
-    def stale(self) -> bool:
-        """Its channel was closed and reopened since it arrived: the broker gave it back."""
-        return incarnation_of(self.raw) != self.incarnation
-
-    @property
-    def headers(self) -> dict[str, Any]:
-        return self.raw.properties.get("application_headers") or {}
-
-    @property
-    def properties(self) -> dict[str, Any]:
-        return self.raw.properties
-
-    @property
-    def delivery_info(self) -> dict[str, Any]:
-        return self.raw.delivery_info
-
-    @property
-    def channel(self) -> Any:
-        return self.raw.channel
-
-    def ack(self) -> None:
-        if not self.settled:
-            self.settled = True
-            settle_raw(self.raw, self.incarnation)
-
-    def reject(self, requeue: bool = True) -> None:
-        if not self.settled:
-            self.settled = True
-            settle_raw(self.raw, self.incarnation, requeue=requeue)
-
-
 @dataclass
-class DeliveryGate(BadInputHandling):
+class DeliveryGate(Holding, ClaimKeeping, StoreOutage, BadInputHandling):
     """The main-process gate. One per worker consumer; everything runs on its event loop.
 
     - ``store``: the dedup store (one ``gate()`` read per look).
@@ -269,7 +198,9 @@ class DeliveryGate(BadInputHandling):
         self._in_flight: set[tuple[str, str]] = set()
         self._waiting: dict[tuple[str, str], list[Delivery | Twin]] = {}
         self._parked: list[Delivery] = []
-        self._completed: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._completed = CompletedMemory(
+            self.clock, self.completed_memory_size, self.completed_memory_ms
+        )
         self.handbacks = HandBacks(self.call_later, self.handback_max_s, self.completed_memory_size)
         #: claims the pool could not confirm: released by their owner once Redis answers
         self._to_release: list[tuple[MessageFacts, str]] = []
@@ -336,62 +267,6 @@ class DeliveryGate(BadInputHandling):
             return self._drop(delivery, "expired")
         return self._examine(delivery)
 
-    def hold_twin(self, raw: Any, task_name: str, deliver: Callable[[Any], Any]) -> bool:
-        """The transport's delivery filter (:data:`kombu_beetle.channel_host.DeliveryFilter`)
-        for a gated task's raw delivery: True when the gate took it as a :class:`Twin`,
-        because a copy with its identity is in flight here (it waits for that run) or
-        completed here a moment ago (it is acked now). Either way it costs no Redis call,
-        no kombu Message and no Celery strategy call: the second copy of a redundant pair
-        should cost far less than the first. Anything else (no ``message_id``, Redis
-        unavailable, a queue being handed back) is left to :meth:`handle`."""
-        if self.paused:
-            return False
-        message_id = raw.properties.get("message_id")
-        if not isinstance(message_id, str) or not message_id:
-            return False
-        key = (scope_of(self.scopes, self.queue_of(raw)), message_id)
-        in_flight = key in self._in_flight
-        if not in_flight and not self._completed_here(key):
-            return False
-        twin = Twin(raw, task_name, key, deliver, self.generation, incarnation_of(raw))
-        if self.handing_back(twin):
-            return False
-        self.stats["delivered"] += 1
-        self.stats["twins_held"] += 1
-        self._trace("delivered", message_id, key[0], task_name, twin)
-        raw.delivery_info[HELD_MARK] = True
-        if in_flight:
-            self.stats["waiting"] += 1
-            self._waiting.setdefault(key, []).append(twin)
-        else:
-            self.stats["known_completed"] += 1
-            self._drop_twin(twin)
-        return True
-
-    def _drop_twin(self, twin: Twin) -> None:
-        """Ack a twin as a duplicate of a message that completed here."""
-        self.stats["duplicate"] += 1
-        detail = {"status": Status.COMPLETED.value}
-        self._trace("duplicate", twin.key[1], twin.key[0], twin.task_name, twin, detail)
-        if self._acking_after_trace():
-            self._acks_after_trace.append(lambda: ack(twin))
-        else:
-            ack(twin)
-
-    def _deliver_on(self, twin: Twin) -> None:
-        """Send a held twin on through Celery and the gate, soon (not from inside the
-        caller's batch of Redis replies), unless its consumer restarted meanwhile."""
-
-        def deliver() -> None:
-            if twin.generation != self.generation or twin.stale or twin.settled:
-                return  # its connection or channel is gone: its broker delivers it again
-            try:
-                twin.deliver(twin.raw)
-            except Exception:  # unacked: its broker delivers it again with the channel
-                logger.exception("beetle: cannot deliver a held copy of %s on", twin.key[1][:100])
-
-        self.call_later(0, deliver)
-
     def reset(self) -> None:
         """Forget every held delivery: the consumer's connection is going away, so they
         cannot be acked any more and their brokers will deliver them again."""
@@ -424,7 +299,7 @@ class DeliveryGate(BadInputHandling):
             self._waiting.setdefault(d.key, []).append(d)
             self.stats["waiting"] += 1
             return "waiting"
-        if self._completed_here(d.key):
+        if d.key in self._completed:
             self.stats["known_completed"] += 1
             return self._drop(d, "duplicate", status=Status.COMPLETED)
         if self.reads is not None:
@@ -547,7 +422,7 @@ class DeliveryGate(BadInputHandling):
             return self._run(d)
         if decision.outcome is Verdict.DROP_DUPLICATE:
             if decision.status is Status.COMPLETED:
-                self._remember_completed(d.key)  # its twin, if it comes here, costs no read
+                self._completed.remember(d.key)  # its twin, if it comes here, costs no read
             return self._drop(d, "duplicate", status=decision.status)
         if decision.outcome is Verdict.DROP_EXPIRED:
             return self._drop(d, "expired")
@@ -614,7 +489,7 @@ class DeliveryGate(BadInputHandling):
             return
         self._in_flight.discard(key)
         if completed:
-            self._remember_completed(key)
+            self._completed.remember(key)
         waiters = self._waiting.pop(key, None)
         if not waiters:
             return
@@ -628,300 +503,12 @@ class DeliveryGate(BadInputHandling):
             return
         self.call_later(0, lambda: self._wake(waiters))
 
-    # -- reservations ----------------------------------------------------------------------
-
-    def _reserve(self, key: tuple[str, str], facts: MessageFacts, token: int, ms: int) -> None:
-        """Keep the reservation of a delivery handed to the pool alive while it waits for a
-        pool process: a worker killed meanwhile leaves it to another copy within one
-        reservation (seconds), not a lease; a body never starts on it (the pool's start
-        gives the full lease). Renewals ride in the batches, every third of a reservation."""
-        if ms <= 0 or self.reads is None:
-            return
-        self._reserved[key] = (facts, token, ms)
-        if not self._renewing:
-            self._renewing = True
-            self.call_later(ms / 3000, self._renew_reservations)
-
-    def _unreserve(self, key: tuple[str, str], generation: int) -> None:
-        if generation == self.generation:
-            self._reserved.pop(key, None)
-
-    def _renew_reservations(self) -> None:
-        self._renewing = False
-        if not self._reserved or self.reads is None:
-            return
-        if not self.paused:  # while Redis is away the reservations may run out: the pool's
-            # start then finds out, and hands its delivery back if another copy took it
-            for key, (facts, token, ms) in list(self._reserved.items()):
-                self.reads.renew(facts, token, ms, self._renewed(key, token))
-        self._renewing = True
-        shortest = min(ms for _, _, ms in self._reserved.values())
-        self.call_later(shortest / 3000, self._renew_reservations)
-
-    def _renewed(
-        self, key: tuple[str, str], token: int
-    ) -> Callable[[FenceDecision | None, BaseException | None], None]:
-        def answered(fence: FenceDecision | None, exc: BaseException | None) -> None:
-            if exc is not None:
-                logger.debug("beetle: cannot renew a reservation (%r); trying again", exc)
-                return
-            held = self._reserved.get(key)
-            if fence is None or held is None or held[1] != token:
-                return
-            if not fence.ok:  # another copy holds it now: the pool's start will see that
-                del self._reserved[key]
-            elif fence.lease_deadline_ms > self.clock() + held[2] + 1000:
-                del self._reserved[key]  # its body began: the run's lease stands
-
-        return answered
-
-    # -- completions stored before the ack ----------------------------------------------------
-
-    def complete_before_ack(self, message: Any, ack: Callable[[], None]) -> bool:
-        """If the gate claimed ``message`` and its run succeeded, store the completion in
-        the next batch and ``ack()`` only once it is stored (retried until it is); True if
-        so. False: nothing to store here (the pool stored the outcome), ack now."""
-        header = (message.headers or {}).get(FACTS_HEADER)
-        if not isinstance(header, dict) or not header.get(COMPLETED_MARK):
-            return False
-        claim = GateClaim.from_mark(header.get(CLAIM_MARK))
-        facts = facts_from_headers(header)
-        if claim is None or not claim.token or facts is None or self.reads is None:
-            return False
-        self._complete(message, header, facts, claim, ack, self.completion_retry_s)
-        return True
-
-    def _complete(
-        self,
-        message: Any,
-        header: dict[str, Any],
-        facts: MessageFacts,
-        claim: GateClaim,
-        ack: Callable[[], None],
-        retry_s: float,
-    ) -> None:
-        def answered(fence: FenceDecision | None, exc: BaseException | None) -> None:
-            if exc is not None or fence is None:
-                # never ack what is not stored: again after a while, whatever the error
-                unavailable = exc is not None and store_unavailable(exc)
-                if unavailable:
-                    self._pause(exc)  # type: ignore[arg-type]
-                log = logger.warning if unavailable else logger.error
-                log("beetle: cannot store a completion yet (%r); trying again", exc)
-                self.stats["completion_retries"] += 1
-                again = min(retry_s * 2, 5.0)
-                self.call_later(
-                    retry_s, lambda: self._complete(message, header, facts, claim, ack, again)
-                )
-                return
-            if fence.ok:
-                self.stats["completed"] += 1
-                metrics.task_completed(facts.scope, (message.headers or {}).get("task"))
-                runtime = header.get(RUNTIME_MARK)
-                detail = {"runtime_ms": runtime} if runtime is not None else None
-                pid = header.get(PID_MARK)
-                self._trace_run("completed", facts, message, claim.attempt, detail, pid)
-                if self._acking_after_trace():
-                    # the ``completed`` event is written before the ack, once for the batch:
-                    # a worker killed in between must not leave a trace that reads "lost"
-                    self._acks_after_trace.append(ack)
-                    return
-            elif fence.status is not Status.COMPLETED:
-                self.stats["lease_lost"] += 1
-                header[COMPLETED_MARK] = False  # its twin goes through the gate again
-                logger.warning(
-                    "beetle: late completion of %s (%s) refused: its lease ran out and another "
-                    "run took it over (stored status %s, token %s; this run held token %s)",
-                    facts.message_id[:100],
-                    facts.scope,
-                    fence.status.value if fence.status else None,
-                    fence.token,
-                    claim.token,
-                )
-            ack()
-
-        assert self.reads is not None
-        self.reads.complete(facts, claim.token, answered)
-
-    def _acking_after_trace(self) -> bool:
-        """In a batch of replies, with tracing on: acks of settled messages wait for
-        :meth:`after_batch`, which writes their events first."""
-        return self._trace_before_ack and getattr(self.reads, "in_batch", False)
-
-    def after_batch(self) -> None:
-        """After a batch of Redis replies: write its outcome events, then make its acks."""
-        self.tracer.flush_owed()
-        acks, self._acks_after_trace = self._acks_after_trace, []
-        for make_ack in acks:
-            try:
-                make_ack()
-            except Exception:  # the connection went: the copy comes back, a duplicate
-                logger.exception("beetle: cannot ack a completed message")
-
-    def _release_later(self, facts: MessageFacts, owner: str) -> None:
-        """Release a claim by its owner now, or once Redis answers again."""
-        self._to_release.append((facts, owner))
-        if not self.paused:
-            self._release_unconfirmed_claims()
-
-    def _remember_completed(self, key: tuple[str, str]) -> None:
-        """Keep a run that completed here in mind for a while: its other copy usually
-        arrives within milliseconds and can then be dropped without a Redis read. A
-        completed record never changes, so the memory cannot be wrong, only forgotten."""
-        completed = self._completed
-        completed[key] = self.clock() + self.completed_memory_ms
-        completed.move_to_end(key)
-        while len(completed) > self.completed_memory_size:
-            completed.popitem(last=False)
-
-    def _completed_here(self, key: tuple[str, str]) -> bool:
-        until = self._completed.get(key)
-        if until is None:
-            return False
-        if until < self.clock():
-            del self._completed[key]
-            return False
-        return True
-
     def _wake(self, waiters: list[Delivery | Twin]) -> None:
         for d in waiters:
             if isinstance(d, Twin):
                 self._deliver_on(d)
             elif d.generation == self.generation:
                 self._examine(d)
-
-    def give_back_held(self) -> int:
-        """Requeue now every waiting or parked copy that :attr:`handing_back` names (a
-        waiting copy's twin may be held for hours, as an ETA task from another queue);
-        deferred ones go back when they are next looked at. Returns how many."""
-        given = 0
-        for key, waiters in list(self._waiting.items()):
-            back = [d for d in waiters if self.handing_back(d.message)]
-            for d in back:
-                waiters.remove(d)
-                requeue(d.message)
-            if not waiters:
-                del self._waiting[key]
-            given += len(back)
-        back = [d for d in self._parked if self.handing_back(d.message)]
-        self._parked = [d for d in self._parked if d not in back]
-        for d in back:
-            requeue(d.message)
-        self.stats["given_back"] += given + len(back)
-        return given + len(back)
-
-    def hand_back(self, message: Any) -> str:
-        """Requeue a delivery after a backoff (for a caller whose step failed)."""
-        return self._hand_back(message, None)
-
-    def _hand_back(self, message: Any, key: Any, delay_s: float | None = None) -> str:
-        self.stats["handed_back"] += 1
-        self.handbacks.requeue_later(message, key, delay_s)
-        return "handed_back"
-
-    def _drop(self, d: Delivery, event: str, status: Any = None) -> str:
-        self.stats[event] += 1
-        detail = {"status": status.value} if status is not None else None
-        self._trace(event, d.facts.message_id, d.facts.scope, d.task_name, d.message, detail)
-        if self._acking_after_trace():
-            # a dropped copy's event is the audit's evidence of how it was settled (a
-            # ``duplicate`` of a completed message whose own ``completed`` event died with its
-            # worker, an ``expired``): written before the copy is acked away
-            self._acks_after_trace.append(lambda: ack(d.message))
-        else:
-            ack(d.message)
-        return event
-
-    def _defer(self, d: Delivery, delay_ms: int, running: bool) -> str:
-        """Hold ``d`` until the lease ends or the retry is due. A run elsewhere usually ends
-        long before its lease does, so under a lease the copy is looked at again after
-        50 ms, 100 ms, 200 ms, ... (not later than the lease's end): its ack, and the
-        memory and prefetch slot it holds, need not wait for a lease sized for the worst
-        case. Soon matters: a deferred copy holds a slot of the prefetch window until it
-        is looked at again (the transport widens the window for it: kombu_beetle.prefetch,
-        but only within max_deferred)."""
-        self.stats["deferred"] += 1
-        self.deferred += 1
-        self.deferred_bytes += d.size
-        qos = self.qos()
-        within = (
-            self.deferred <= self.max_deferred and self.deferred_bytes <= self.max_deferred_bytes
-        )
-        if qos is not None and within:
-            qos.increment_eventually()
-            d.qos = qos
-        elif qos is not None:
-            self.stats["deferred_past_bound"] += 1
-        wait_s = max(delay_ms, 0) / 1000
-        if running:
-            wait_s = min(wait_s, self.recheck_min_s * 2**d.rechecks)
-        d.rechecks += 1
-        delay_s = min(wait_s, self.recheck_max_s) + 0.02
-        detail = {"delay_s": round(delay_ms / 1000, 3)}
-        self._trace("deferred", d.facts.message_id, d.facts.scope, d.task_name, d.message, detail)
-        self.call_later(delay_s, lambda: self._recheck(d))
-        return "deferred"
-
-    def _recheck(self, d: Delivery) -> None:
-        if d.generation != self.generation:
-            return
-        self.deferred -= 1
-        self.deferred_bytes -= d.size
-        if d.qos is not None:
-            d.qos.decrement_eventually()
-            d.qos = None
-        if not channel_open(d.message):
-            # its broker went away; the broker delivers it again when it comes back
-            self.stats["forgotten"] += 1
-            return
-        self._examine(d)
-
-    # -- Redis down --------------------------------------------------------------------------
-
-    def _pause(self, exc: BaseException) -> None:
-        if self.paused:
-            return
-        self.paused = True
-        self.paused_at = time.monotonic()
-        self.stats["pauses"] += 1
-        logger.error(
-            "beetle: the dedup store is unreachable (%r): no task runs without a claim, so this "
-            "worker holds its deliveries unacked and takes no new ones until Redis answers",
-            exc,
-        )
-        self.call_later(self.probe_interval_s, self._probe_tick)
-
-    def _probe_tick(self) -> None:
-        if not self.paused:
-            return
-        if not self.probe() or not self._release_unconfirmed_claims():
-            self.call_later(self.probe_interval_s, self._probe_tick)
-            return
-        self.paused = False
-        self.unavailable_s += time.monotonic() - self.paused_at
-        parked, self._parked = self._parked, []
-        logger.warning("beetle: the dedup store answers again; resuming %d deliveries", len(parked))
-        for d in parked:
-            if d.generation == self.generation:
-                self._examine(d)
-
-    def _release_unconfirmed_claims(self) -> bool:
-        """Release the claims sent without an answer (their owner never ran the body); True
-        once none is left. A release only spares the next copy the wait for the lease's end,
-        so one Redis refuses for a reason other than being unavailable is given up."""
-        while self._to_release:
-            facts, owner = self._to_release[0]
-            try:
-                self.store.release(facts, 0, owner)
-            except Exception as exc:
-                if store_unavailable(exc):
-                    logger.debug("beetle: cannot release %s's claim yet: %r", owner, exc)
-                    return False
-                logger.warning(
-                    "beetle: cannot release %s's claim (%r); its lease ends it", owner, exc
-                )
-            self._to_release.pop(0)
-        return True
 
     def _trace_run(
         self,

@@ -292,3 +292,17 @@ def test_the_rules_catch_a_forbidden_import_and_a_circle(tmp_path):
         "celery_beetle.worker says it is not imported by it",
     ]
     assert circles(graph) == [["celery_beetle.store.gate", "celery_beetle.worker.run"]]
+
+
+#: the layout's other rule: a module per idea, none longer than this (docs/guides/layout.md)
+MAX_MODULE_LINES = 600
+
+
+def test_no_module_outside_testing_is_longer_than_600_lines(modules):
+    long = {
+        name: lines
+        for name, module in modules.items()
+        if not _within(name, "celery_beetle.testing")
+        and (lines := module.path.read_text(encoding="utf-8").count("\n")) > MAX_MODULE_LINES
+    }
+    assert not long, f"split by idea (or say in docs/guides/layout.md why not): {long}"

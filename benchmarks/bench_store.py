@@ -38,9 +38,9 @@ from typing import Any
 
 import redis
 
-from celery_beetle.outcome import Gate, Limits
-from celery_beetle.state import MessageFacts
 from celery_beetle.store import RedisStore
+from celery_beetle.store.outcome import Gate, Limits
+from celery_beetle.store.state import MessageFacts
 
 PREFIX = "beetle-bench:"
 DAY_MS = 86_400_000

@@ -14,13 +14,30 @@ deliveries before the pool, and the opt-in ``BeetleTask`` base class::
     def charge(order_id): ...
 
 Settings (``app.conf.beetle_*``): :mod:`celery_beetle.settings`. Task options:
-:mod:`celery_beetle.task`. What the worker does with each delivery: :mod:`celery_beetle.gate`.
+:mod:`celery_beetle.task`. What the worker does with each delivery:
+:mod:`celery_beetle.worker.gate`.
+
+The package: the public surface at the top (this module's :func:`install`,
+:mod:`celery_beetle.task`, :mod:`celery_beetle.settings`, :mod:`celery_beetle.metrics`,
+:mod:`celery_beetle.censor`) and a folder per wing, each ``__init__`` its map and its import
+rules: :mod:`celery_beetle.store` (the dedup store and its rules), :mod:`celery_beetle.worker`
+(what runs inside a Celery worker), :mod:`celery_beetle.ops` (the operator's tools),
+:mod:`celery_beetle.outbox`, :mod:`celery_beetle.audit`, :mod:`celery_beetle.cli` (the
+``beetle`` command), :mod:`celery_beetle.testing` (the pytest plugin's parts) and
+:mod:`celery_beetle.contrib`. The store is at the bottom, then the settings and metrics,
+the worker, the task and the operator's wings; :func:`install` assembles them
+(``tests/unit/test_import_rules.py`` checks):
+
+:May import: ``kombu_beetle``, ``celery_beetle._moved``, ``celery_beetle.settings``,
+    ``celery_beetle.task``, ``celery_beetle.censor``, ``celery_beetle.worker``,
+    ``celery_beetle.ops``
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from celery_beetle import _moved
 from celery_beetle.settings import BeetleSettings, mask_url, parse_store_url
 from celery_beetle.task import AttemptsExhausted, BeetleTask, DeadLettered
 
@@ -33,6 +50,9 @@ __all__ = [
     "mask_url",
     "parse_store_url",
 ]
+
+# the module paths of 0.1 that moved into the wings import until 0.2.0, with a warning
+_moved.install()
 
 
 def install(app: Any) -> Any:
@@ -55,11 +75,11 @@ def install(app: Any) -> Any:
     from celery.signals import worker_process_shutdown
 
     import kombu_beetle  # noqa: F401  (registers beetle://)
-    from celery_beetle.bootstep import BeetleGateStep
     from celery_beetle.censor import hide_secret_settings
     from celery_beetle.ops.handback_control import BeetleHandBackStep
     from celery_beetle.ops.worker import BeetlePolicyStep
-    from celery_beetle.quorum import leave_out_native_delayed_delivery
+    from celery_beetle.worker.bootstep import BeetleGateStep
+    from celery_beetle.worker.quorum import leave_out_native_delayed_delivery
 
     hide_secret_settings()
     leave_out_native_delayed_delivery()

@@ -14,6 +14,9 @@ names (a caller holding the original function still masks their strings), and wr
 ``filter_hidden_settings`` so that the whole value of a secret setting, mapping or string,
 becomes Celery's mask (``********``). The secret settings are those
 :data:`celery_beetle.settings.APP_SETTINGS` marks so.
+
+:May import: ``celery_beetle.settings``
+:Not imported by: ``kombu_beetle``, ``celery_beetle.store``, ``celery_beetle.worker``
 """
 
 from __future__ import annotations

@@ -15,7 +15,11 @@ choice; it needs a channel from each pool process to the main one and loses what
 process counted since its last report when it is killed (-9 or a time limit), which is
 exactly when the numbers matter. The files outlive their process, so a killed process's
 counts stay in the sum. The gate's own counts cost nothing on the delivery path: they are
-the ``stats`` the gate keeps anyway, read at scrape time (:class:`GateCollector`).
+the ``stats`` the gate keeps anyway, read at scrape time by the worker wing's collector
+(:class:`~celery_beetle.worker.metrics.GateCollector`), which the gate step hands to
+:func:`serve`; the outbox wing has its own
+(:class:`~celery_beetle.outbox.metrics.OutboxCollector`). This module knows neither: the
+hooks below, and the serving.
 
 Worker metrics (the transport's, ``beetle_copies_published_total`` and ``beetle_broker_*``,
 are in :mod:`kombu_beetle.metrics` and served by the same endpoint):
@@ -51,31 +55,31 @@ are in :mod:`kombu_beetle.metrics` and served by the same endpoint):
 ``beetle_gate_deferred``                        copies deferred now
 ``beetle_gate_held``                            copies parked or waiting for a twin now
 ``beetle_gate_completion_retries_total``        completions tried again (Redis failed)
-``beetle_outbox_pending_rows``                  rows in the outbox (:class:`OutboxCollector`)
+``beetle_outbox_pending_rows``                  rows in the outbox (``OutboxCollector``)
 ``beetle_outbox_oldest_pending_age_seconds``    age of its oldest row
 ``beetle_outbox_aside_rows``                    rows set aside
 ==============================================  ===============================================
 
 Labels are bounded (queue, task, broker, outcome, verdict, reason): never a message id.
+
+:May import: ``kombu_beetle``, ``celery_beetle._moved``
+:Not imported by: ``kombu_beetle``, ``celery_beetle.store``
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import os
 import shutil
 import tempfile
 import threading
-import time
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
+from celery_beetle import _moved
 from kombu_beetle import metrics as transport_metrics
 
 __all__ = [
-    "GateCollector",
-    "OutboxCollector",
     "activate",
     "dead_lettered",
     "lease_lost",
@@ -92,19 +96,6 @@ logger = logging.getLogger(__name__)
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 #: task run time buckets, seconds: Celery tasks run from milliseconds to many minutes
 RUNTIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
-#: the gate's ``stats`` keys, as the ``verdict`` label says them
-GATE_VERDICTS = {
-    "run": "run",
-    "duplicate": "duplicate",
-    "deferred": "deferred",
-    "expired": "expired",
-    "parked": "parked",
-    "waiting": "waiting",
-    "bad_input": "bad_input",
-    "unknown_task": "unknown_task",
-    "handed_back": "handed_back",
-    "errors": "error",
-}
 
 
 class _Metrics:
@@ -167,7 +158,7 @@ def _get() -> _Metrics | None:
 
 
 def task_event(event: str, queue: str, task: str | None, detail: dict[str, Any] | None) -> None:
-    """A run's trace event (:meth:`celery_beetle.run.Run._trace`), counted."""
+    """A run's trace event (:meth:`celery_beetle.worker.run.Run._trace`), counted."""
     m = _get()
     if m is None:
         return
@@ -223,113 +214,6 @@ def dead_lettered(queue: str, reason: str) -> None:
 # -- read at scrape time -------------------------------------------------------------------------
 
 
-class GateCollector:
-    """The gate's counts, read from the ``stats`` it keeps anyway when Prometheus scrapes.
-
-    ``gate()`` returns the worker's :class:`~celery_beetle.gate.DeliveryGate` (None before the
-    consumer starts)."""
-
-    def __init__(self, gate: Callable[[], Any]) -> None:
-        self.gate = gate
-
-    def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import (
-            CounterMetricFamily,
-            GaugeMetricFamily,
-            SummaryMetricFamily,
-        )
-
-        gate = self.gate()
-        if gate is None:
-            return
-        stats = gate.stats
-        deliveries = CounterMetricFamily(
-            "beetle_gate_deliveries", "Copies the gate looked at, by verdict.", labels=["verdict"]
-        )
-        for key, verdict in GATE_VERDICTS.items():
-            deliveries.add_metric([verdict], stats.get(key, 0))
-        yield deliveries
-        claims = CounterMetricFamily(
-            "beetle_claims", "Claims in Redis by outcome.", labels=["where", "outcome"]
-        )
-        for outcome, n in gate.claims.items():
-            claims.add_metric(["gate", outcome.value], n)
-        yield claims
-        lost = CounterMetricFamily(
-            "beetle_leases_lost", "Runs that found their lease taken over.", labels=["where"]
-        )
-        lost.add_metric(["gate"], stats.get("lease_lost", 0))
-        yield lost
-        takeovers = CounterMetricFamily(
-            "beetle_lease_takeovers", "Claims over a lease that ran out.", labels=["where"]
-        )
-        takeovers.add_metric(["gate"], stats.get("taken_over", 0))
-        yield takeovers
-        reads = gate.reads
-        if reads is not None:
-            yield SummaryMetricFamily(
-                "beetle_store_round_trip_seconds",
-                "The gate's Redis requests, from sent to answered.",
-                count_value=reads.answered,
-                sum_value=reads.waited_s,
-            )
-        unavailable = gate.unavailable_s
-        if gate.paused:
-            unavailable += time.monotonic() - gate.paused_at
-        yield GaugeMetricFamily(
-            "beetle_store_up", "0 while the gate finds Redis unavailable.", 0 if gate.paused else 1
-        )
-        yield CounterMetricFamily(
-            "beetle_store_unavailable_seconds",
-            "Time the gate spent paused for Redis.",
-            unavailable,
-        )
-        yield CounterMetricFamily(
-            "beetle_store_pauses", "Times the gate paused for Redis.", stats.get("pauses", 0)
-        )
-        yield GaugeMetricFamily("beetle_gate_deferred", "Copies deferred now.", gate.deferred)
-        yield GaugeMetricFamily(
-            "beetle_gate_held", "Copies parked or waiting for a twin now.", gate.held
-        )
-        yield CounterMetricFamily(
-            "beetle_gate_completion_retries",
-            "Completions the gate tried again.",
-            stats.get("completion_retries", 0),
-        )
-
-
-class OutboxCollector:
-    """The outbox's backlog, queried when Prometheus scrapes (register it in the relay's
-    process: ``prometheus_client.REGISTRY.register(OutboxCollector(engine))``)."""
-
-    def __init__(self, engine: Any, clock: Callable[[], float] = time.time) -> None:
-        self.engine, self.clock = engine, clock
-
-    def collect(self) -> Iterator[Any]:
-        import sqlalchemy as sa
-        from prometheus_client.core import GaugeMetricFamily
-
-        from celery_beetle.outbox.table import ASIDE, OUTBOX
-
-        try:
-            with self.engine.connect() as conn:
-                pending, oldest = conn.execute(
-                    sa.select(sa.func.count(), sa.func.min(OUTBOX.c.created_at))
-                ).one()
-                aside = conn.execute(sa.select(sa.func.count()).select_from(ASIDE)).scalar_one()
-        except Exception as exc:  # a scrape must not fail for a database hiccup
-            logger.warning("beetle: cannot read the outbox for metrics: %r", exc)
-            return
-        if oldest is not None and oldest.tzinfo is None:  # stored in UTC (timezone=True)
-            oldest = oldest.replace(tzinfo=dt.timezone.utc)
-        age = self.clock() - oldest.timestamp() if oldest is not None else 0.0
-        yield GaugeMetricFamily("beetle_outbox_pending_rows", "Rows in the outbox.", pending)
-        yield GaugeMetricFamily(
-            "beetle_outbox_oldest_pending_age_seconds", "Age of the oldest outbox row.", age
-        )
-        yield GaugeMetricFamily("beetle_outbox_aside_rows", "Outbox rows set aside.", aside)
-
-
 class _Merged:
     """Every source's families, those of one name merged: the gate's claims and the pool's
     share ``beetle_claims_total``, and an exposition must name a family once."""
@@ -373,25 +257,31 @@ def prepare_multiprocess(directory: str | None = None) -> str:
     return chosen
 
 
-def registry_for(gate: Callable[[], Any], multiprocess: bool) -> Any:
-    """The worker's registry: the pool's files summed (or this process's counters) and
-    the gate's counts, merged by family name."""
+def registry_for(collectors: Iterable[Any], multiprocess: bool) -> Any:
+    """The worker's registry: the pool's files summed (or this process's counters) and the
+    ``collectors`` a wing brings (the gate's counts, :mod:`celery_beetle.worker.metrics`),
+    merged by family name."""
     from prometheus_client import REGISTRY, CollectorRegistry
     from prometheus_client.multiprocess import MultiProcessCollector
 
     registry = CollectorRegistry(auto_describe=False)
     source = MultiProcessCollector(None) if multiprocess else REGISTRY
-    registry.register(_Merged([source, GateCollector(gate)]))
+    registry.register(_Merged([source, *collectors]))
     return registry
 
 
-def serve(port: int, addr: str, gate: Callable[[], Any], multiprocess: bool) -> Any:
-    """Serve the worker's metrics on ``addr:port`` from a daemon thread."""
+def serve(port: int, addr: str, collectors: Iterable[Any], multiprocess: bool) -> Any:
+    """Serve the worker's metrics on ``addr:port`` from a daemon thread, with the
+    ``collectors`` the caller's wing registers (read at scrape time)."""
     from prometheus_client import start_http_server
 
     transport_metrics.enabled()  # the transport's families exist before the first scrape
     activate()
-    registry = registry_for(gate, multiprocess)
+    registry = registry_for(collectors, multiprocess)
     server = start_http_server(port, addr, registry=registry)
     logger.info("beetle: metrics on http://%s:%d/metrics", addr, port)
     return server
+
+
+if not TYPE_CHECKING:  # moved into their wings: read with a DeprecationWarning until 0.2.0
+    __getattr__ = _moved.names_moved_from(__name__)

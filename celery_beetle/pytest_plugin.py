@@ -47,6 +47,8 @@ containers through testcontainers when a Docker engine answers
 (``BEETLE_TEST_SERVERS=auto|local|containers``, see :mod:`celery_beetle.testing.servers`).
 The nodes and the store live for the session; each test gets its own vhost and an empty
 store, and a node a test killed or froze is brought back before the next.
+
+:May import: ``celery_beetle.testing``
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ Celery task id its AMQP ``message_id``: the dedup identity is the logical task, 
 the same task id again (an outbox relay, a client retry after a lost reply) is a duplicate.
 ``redundant=False`` (on the task, or per call) publishes one copy, still deduplicated.
 
-Running: the worker's gate (:mod:`celery_beetle.gate`) drops copies that already ran; in the
-pool, :class:`~celery_beetle.run.Run` claims the message before the body runs and records the
+Running: the worker's gate (:mod:`celery_beetle.worker.gate`) drops copies that already ran; in the
+pool, :class:`~celery_beetle.worker.run.Run` claims the message before the body runs and records the
 outcome after. Called directly, or eagerly, the body just runs.
 
 Options (the names of :data:`celery_beetle.settings.TASK_OPTIONS`, set as task attributes;
@@ -59,6 +59,10 @@ Celery's ack options, as BeetleTask takes them (:data:`ACK_RULES`):
   app-wide ``task_*`` settings of the same names apply to plain tasks only.
 - ``worker_prefetch_multiplier = 0`` (no limit) works: every delivery the gate claims holds
   a reservation, renewed while it waits.
+
+:May import: ``kombu_beetle``, ``celery_beetle.settings``, ``celery_beetle.worker``
+:Not imported by: ``kombu_beetle``, ``celery_beetle.store``, ``celery_beetle.worker``,
+    ``celery_beetle.settings``, ``celery_beetle.metrics``, ``celery_beetle.censor``
 """
 
 from __future__ import annotations
@@ -70,22 +74,16 @@ from typing import Any
 from celery import Task
 from celery.worker.request import Request
 
-from celery_beetle.facts import (
+from celery_beetle.settings import DEPRECATED_OPTIONS, TASK_OPTIONS, BeetleSettings, take_deprecated
+from celery_beetle.worker.errors import AttemptsExhausted, DeadLettered, Dropped, HandBack
+from celery_beetle.worker.facts import (
     COMPLETED_MARK,
     FACTS_HEADER,
     HANDBACK_MARK,
     PID_MARK,
     RUNTIME_MARK,
 )
-from celery_beetle.run import (
-    AttemptsExhausted,
-    DeadLettered,
-    Dropped,
-    HandBack,
-    Run,
-    completed_on_the_loop,
-)
-from celery_beetle.settings import DEPRECATED_OPTIONS, TASK_OPTIONS, BeetleSettings, take_deprecated
+from celery_beetle.worker.run import Run, completed_on_the_loop, is_beetle_task
 from kombu_beetle.envelope import FLAG_REDUNDANT, FLAGS_HEADER
 
 __all__ = [
@@ -271,13 +269,14 @@ class BeetleRequest(Request):
     ``on_failure``, ``on_retry``, a hard ``on_timeout`` or ``_announce_revoked``, which
     mark the run as not completed. The mark goes into the gate's header of the delivery.
 
-    A run the pool handed back (:class:`~celery_beetle.run.HandBack`) is marked too, so that
-    the gate requeues it after a backoff rather than at once. A copy the pool's claim dropped
-    (:class:`~celery_beetle.run.Dropped`) gets a :data:`DROPPED_EVENT` event.
+    A run the pool handed back (:class:`~celery_beetle.worker.errors.HandBack`) is marked
+    too, so that the gate requeues it after a backoff rather than at once. A copy the pool's
+    claim dropped (:class:`~celery_beetle.worker.errors.Dropped`) gets a
+    :data:`DROPPED_EVENT` event.
 
     When the gate claimed the message, the mark is what makes the gate store the completion
-    before the ack (:meth:`~celery_beetle.gate.DeliveryGate.complete_before_ack`): the pool
-    left it to the main process.
+    before the ack (:meth:`~celery_beetle.worker.gate.DeliveryGate.complete_before_ack`): the
+    pool left it to the main process.
     """
 
     _beetle_not_completed = False
@@ -326,10 +325,6 @@ class BeetleRequest(Request):
                 if self.worker_pid:  # the run's process, named by the ``completed`` event
                     facts[PID_MARK] = self.worker_pid
         super().acknowledge()
-
-
-def is_beetle_task(task: Any) -> bool:
-    return isinstance(task, BeetleTask)
 
 
 def resolve_settings(task: Any, app_settings: BeetleSettings) -> BeetleSettings:

@@ -5,6 +5,11 @@ Importing this package registers the ``beetle`` transport alias with kombu
 ``Connection("beetle://guest:guest@h1:5672,h2:5672//")`` and Celery's
 ``broker_url = "beetle://..."`` find :class:`kombu_beetle.Transport`.
 See :mod:`kombu_beetle.transport` for the URL form and the options.
+
+The transport stands alone: it knows nothing of the worker side, which builds on it
+(``tests/unit/test_import_rules.py`` checks):
+
+:May import: ``kombu_beetle`` (itself; nothing of celery_beetle)
 """
 
 from __future__ import annotations

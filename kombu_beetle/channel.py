@@ -24,30 +24,21 @@ from kombu.transport import base
 from kombu.transport.base import to_rabbitmq_queue_arguments
 
 from .brokers import CAUGHT_ERRORS, BrokerChannel, BrokerLink, Delivery, fail_or_raise
+from .channel_host import BROKER_HEADER, ChannelHost, tag_deliveries
 from .errors import NoBrokerAvailable
 from .prefetch import PrefetchWindow
 
 if TYPE_CHECKING:
-    from .connection import BeetleConnection
     from .publish import Publisher
 
 logger = logging.getLogger(__name__)
 
 CHANNEL_ERRORS = amqp.Connection.channel_errors
-BROKER_HEADER = "beetle_broker"
 #: a consumer its broker cancelled (its queue was deleted: ``beetle queues migrate``
 #: re-creates it at once) is consumed again once the queue exists, looked for this often
 RECONSUME_INTERVAL_S = 0.3
 #: a queue still missing after this long is declared again, as a reconnect would
 REDECLARE_AFTER_S = 5.0
-
-#: ``filter(raw_message, consumer_tag, deliver) -> bool``: looks at each delivery before
-#: kombu makes a ``Message`` of it (:attr:`~kombu_beetle.connection.BeetleConnection.
-#: delivery_filter`). True means the filter took it: it acks it, or calls ``deliver(raw)``
-#: later to send it on as any delivery. Redundant copies of a message that is already
-#: running in this worker cost a dict lookup this way, not a kombu Message and a Celery
-#: strategy call.
-DeliveryFilter = Callable[[Any, str, Callable[[Any], Any]], bool]
 
 
 @dataclass
@@ -65,7 +56,7 @@ class BeetleChannel(base.StdChannel):
 
     Message = Delivery
 
-    def __init__(self, connection: BeetleConnection, channel_id: int) -> None:
+    def __init__(self, connection: ChannelHost, channel_id: int) -> None:
         self.connection = connection
         self.channel_id = channel_id
         self.events: defaultdict[str, set[Any]] = defaultdict(set)
@@ -342,7 +333,7 @@ class BeetleChannel(base.StdChannel):
     ) -> str:
         tag = consumer_tag or f"beetle-{uuid.uuid4().hex}"
         spec = ConsumerSpec(
-            queue, no_ack, _tag_errors(callback, tag, self.connection), arguments, on_cancel,
+            queue, no_ack, tag_deliveries(callback, tag, self.connection), arguments, on_cancel,
             exclusive,
         )  # fmt: skip
         subs = self._live_subs()
@@ -570,50 +561,6 @@ def inequivalent_arguments(exc: BaseException) -> bool:
     return isinstance(exc, amqp.PreconditionFailed) and "inequivalent arg" in str(
         getattr(exc, "reply_text", "") or exc
     )
-
-
-def _tag_errors(callback: Any, tag: str, connection: Any = None) -> Any:
-    """Mark exceptions from a consumer callback, so they are not taken for a broker failure.
-
-    Each delivery carries the consumer tag kombu consumed with (``tag``), not the one its
-    broker knows: the prefetch window consumes again under fresh tags (``tag.N``), and the
-    worker recognises a queue's deliveries by kombu's tag (the gate's queue, a hand-back).
-    The connection's :data:`DeliveryFilter`, if one is set, sees the delivery first."""
-    if callback is None:
-        return None
-
-    def deliver_on(message: Any) -> Any:
-        try:
-            return callback(message)
-        except BaseException as exc:
-            try:
-                exc._beetle_from_callback = True  # type: ignore[attr-defined]
-            except (AttributeError, TypeError):
-                pass
-            raise
-
-    def deliver(message: Any) -> Any:
-        info = getattr(message, "delivery_info", None)
-        if info is not None:
-            if info.get("consumer_tag") != tag:
-                info["consumer_tag"] = tag
-            link = getattr(getattr(message, "channel", None), "beetle_link", None)
-            if link is not None:
-                info[BROKER_HEADER] = link.name
-            held = getattr(connection, "delivery_filter", None)
-            if held is not None and _filtered(held, message, tag, deliver_on):
-                return None
-        return deliver_on(message)
-
-    return deliver
-
-
-def _filtered(held: DeliveryFilter, message: Any, tag: str, deliver_on: Any) -> bool:
-    try:
-        return held(message, tag, deliver_on)
-    except Exception:  # the filter only saves work: the delivery goes on as any other
-        logger.exception("beetle: the delivery filter failed; delivering the message on")
-        return False
 
 
 def _close_quietly(sub: BrokerChannel) -> None:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .acks import AckBatcher
 from .brokers import (
@@ -26,6 +26,8 @@ from .brokers import (
     fail_or_raise,
     is_link_error,
 )
+from .channel import BeetleChannel
+from .channel_host import DeliveryFilter
 from .declarations import DeclarationLog
 from .errors import NoBrokerAvailable
 from .options import BeetleOptions
@@ -33,9 +35,6 @@ from .publish import Publisher
 from .reader import BufferedTransport, read_available
 from .reviver import Reviver
 from .trace import Tracer, get_tracer
-
-if TYPE_CHECKING:
-    from .channel import BeetleChannel
 
 logger = logging.getLogger(__name__)
 
@@ -75,9 +74,9 @@ class BeetleConnection:
         self.brokers = BrokerSet(links, options.publish_strategy)
         self.declarations = DeclarationLog()
         self.channels: list[BeetleChannel] = []
-        #: sees each delivery before kombu does (:data:`kombu_beetle.channel.DeliveryFilter`;
+        #: sees each delivery before kombu does (:data:`kombu_beetle.channel_host.DeliveryFilter`;
         #: celery_beetle's gate sets it to hold the copies of messages running here)
-        self.delivery_filter: Any = None
+        self.delivery_filter: DeliveryFilter | None = None
         self._reviver = Reviver(links, clock=clock)
         #: acks made on the event loop, written once per loop pass (:mod:`kombu_beetle.acks`)
         self.ack_batcher: AckBatcher | None = None
@@ -157,8 +156,6 @@ class BeetleConnection:
     # -- channels ------------------------------------------------------------------
 
     def channel(self) -> BeetleChannel:
-        from .channel import BeetleChannel
-
         if self._closed:
             raise NoBrokerAvailable(self.brokers.names(), "connection already closed")
         channel = BeetleChannel(self, self._next_channel_id)

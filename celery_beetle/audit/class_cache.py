@@ -13,8 +13,9 @@ holds a digest of the Java runtime and of Spark's jars, so an upgrade of either 
 one instead of using a stale one.
 
 Writing it costs that first audit about 20 s (the JVM records as it runs, then writes
-170 MB as it exits), so ``scripts/setup-env`` builds it ahead (``python -m
-celery_beetle.audit.class_cache``, a tiny audit). The archive lives under
+170 MB as it exits), so ``scripts/setup-env`` builds it ahead with a tiny audit
+(:mod:`celery_beetle.audit.warm`: the audit's job uses this module, and the warm-up uses
+the job). The archive lives under
 ``$XDG_CACHE_HOME/beetle`` (``~/.cache/beetle``); the three most recently used are kept.
 ``BEETLE_AUDIT_CLASS_CACHE`` names another directory, or ``off``.
 """
@@ -22,16 +23,13 @@ celery_beetle.audit.class_cache``, a tiny audit). The archive lives under
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CACHE_ENV", "archive_path", "build", "java_options", "publish"]
+__all__ = ["CACHE_ENV", "archive_path", "java_options", "publish"]
 
 CACHE_ENV = "BEETLE_AUDIT_CLASS_CACHE"
 #: A temporary archive younger than this is another audit's dump in progress: leave it be.
@@ -148,39 +146,3 @@ def _clear_old(directory: Path) -> None:
     archives = sorted(directory.glob("spark-*.jsa"), key=lambda p: p.stat().st_mtime)
     for old in archives[:-KEEP]:
         old.unlink(missing_ok=True)
-
-
-#: A tiny trace for :func:`build`: a message published, run and completed.
-_LINES = [
-    json.dumps(
-        {"ts_ms": 1000 * i + k, "event": event, "message_id": f"m{i}", "queue": "q", "broker": "b"}
-    )
-    for i in range(50)
-    for k, event in enumerate(("published", "delivered", "started", "completed"))
-]
-
-
-def build() -> Path | None:
-    """Write this machine's archive now, with a tiny audit, unless it is there already.
-    Returns its path (None when the cache is off or could not be written)."""
-    path = archive_path()
-    if path is None or path.is_file():
-        return path
-    from celery_beetle.audit import job
-
-    with tempfile.TemporaryDirectory(prefix="beetle-class-cache-") as scratch:
-        trace = Path(scratch) / "trace.jsonl"
-        trace.write_text("\n".join(_LINES) + "\n", encoding="utf-8")
-        spark = job.build_session(input_bytes=trace.stat().st_size)
-        job.run_audit(spark, str(trace), str(Path(scratch) / "out"))
-        publish(spark)
-    return path if path.is_file() else None
-
-
-if __name__ == "__main__":
-    # run as a script this file is ``__main__``, while the session's options were recorded in
-    # the imported module: use that one's state
-    from celery_beetle.audit.class_cache import build as build_here
-
-    built = build_here()
-    print(f"beetle audit class archive: {built or 'off (not written)'}", file=sys.stderr)

@@ -47,7 +47,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from celery_beetle.audit import class_cache, names, numeric, quiet, report, transforms
+from celery_beetle.audit import aggregates, class_cache, names, numeric, quiet, report, transforms
 from celery_beetle.audit.schema import BAD_VERDICTS, SUMMARY_COUNTS
 
 __all__ = ["AuditResult", "build_session", "local_input_bytes", "main", "run_audit"]
@@ -319,15 +319,15 @@ def run_audit(
     again: DataFrame | None = None
     try:
         messages, malformed_df = transforms.split_malformed(classified)
-        totals = transforms.totals(messages)
-        if totals.get(transforms.INEXACT):
+        totals = aggregates.totals(messages)
+        if totals.get(aggregates.INEXACT):
             assert sampled is not None
-            inexact = int(totals[transforms.INEXACT])
+            inexact = int(totals[aggregates.INEXACT])
             again = _judged_again(
                 spark, paths, messages, sampled, inexact, skew_tolerance_ms, cached
             )
             messages, brokers_named = again, None
-            totals = transforms.totals(messages)
+            totals = aggregates.totals(messages)
         lap("read_and_group")
 
         begin("summarising")
@@ -339,12 +339,12 @@ def run_audit(
             if malformed
             else []
         )
-        latency = transforms.latency_percentiles(messages)
-        span = (totals[transforms.SPAN_KEYS[0]], totals[transforms.SPAN_KEYS[1]])
-        timeline, brokers = transforms.timeline_and_brokers(
+        latency = aggregates.latency_percentiles(messages)
+        span = (totals[aggregates.SPAN_KEYS[0]], totals[aggregates.SPAN_KEYS[1]])
+        timeline, brokers = aggregates.timeline_and_brokers(
             messages, span=span, brokers=brokers_named
         )
-        samples = transforms.samples(messages, samples_per_class, counts=totals)
+        samples = aggregates.samples(messages, samples_per_class, counts=totals)
         samples["malformed_lines"] = [line[:300] for line in bad_lines]
         lap("summarise")
 
@@ -383,7 +383,7 @@ def run_audit(
         latency_by_task=[r for r in latency if r["task_name"] != "*"],
         brokers=brokers,
         timeline=timeline,
-        redundancy={k: totals[k] for k in transforms.REDUNDANCY_KEYS},
+        redundancy={k: totals[k] for k in aggregates.REDUNDANCY_KEYS},
         samples=samples,
         trace_path=paths,
         skew_tolerance_ms=skew_tolerance_ms,
@@ -444,7 +444,7 @@ LATENCY_TABLE = StructType(
         StructField("completed", LongType()),
         *[
             StructField(f"{col.removesuffix('_ms')}_p{p}_ms", LongType())
-            for col in transforms.LATENCY_COLUMNS
+            for col in aggregates.LATENCY_COLUMNS
             for p in (50, 90, 99)
         ],
     ]

@@ -1,7 +1,7 @@
 """Dead letters an operator can list, inspect and replay: the messages in ``<queue>.dead``.
 
 Two kinds land there. Those the worker publishes when it gives a message up, with
-``x-beetle-dead-*`` headers (:mod:`celery_beetle.deadletter`); and those a broker
+``x-beetle-dead-*`` headers (:mod:`celery_beetle.worker.deadletter`); and those a broker
 dead-letters through the queue's policy (:mod:`celery_beetle.ops.policies`: expired,
 rejected, overflowed, past a delivery limit), with RabbitMQ's ``x-death`` header. Each
 broker holds its own copies, so every operation reads ``<queue>.dead`` on every broker of
@@ -39,8 +39,8 @@ from typing import Any
 
 import amqp
 
-from celery_beetle.deadletter import PREFIX as DEAD_PREFIX
-from celery_beetle.deadletter import dead_letter_queue_name
+from celery_beetle.worker.deadletter import PREFIX as DEAD_PREFIX
+from celery_beetle.worker.deadletter import dead_letter_queue_name
 from kombu_beetle.brokers import BrokerLink
 from kombu_beetle.envelope import EXPIRES_AT_HEADER
 from kombu_beetle.options import BeetleOptions, build_options

@@ -18,9 +18,9 @@ Two remote-control commands, registered with Celery's when this module is import
     back every delivery of it the worker holds and has not started: the ETA/countdown
     requests in Celery's timer are taken off the timer and rejected with requeue; the
     gate's waiting and parked copies are requeued at once
-    (:meth:`~celery_beetle.gate.DeliveryGate.give_back_held`), its deferred ones when it
+    (:meth:`~celery_beetle.worker.gate.DeliveryGate.give_back_held`), its deferred ones when it
     next looks at them (within ``recheck_max_s``:
-    :attr:`~celery_beetle.gate.DeliveryGate.handing_back`). Requests already handed
+    :attr:`~celery_beetle.worker.gate.DeliveryGate.handing_back`). Requests already handed
     to the pool run and are acked as usual; the migration waits for them. A delivery is
     recognised by its consumer tag (kombu_beetle uses one tag per queue on every broker),
     noted before the consumer is cancelled.
@@ -69,7 +69,7 @@ class HandBackControl:
         self._resume_timers: dict[str, Any] = {}
 
     def handing_back(self, message: Any) -> bool:
-        """The gate's :attr:`~celery_beetle.gate.DeliveryGate.handing_back` predicate."""
+        """The gate's :attr:`~celery_beetle.worker.gate.DeliveryGate.handing_back` predicate."""
         return bool(self.tags) and consumer_tag(message) in self.tags
 
     def reset(self) -> None:
@@ -189,7 +189,7 @@ class BeetleHandBackStep(bootsteps.StartStopStep):
 
     name = "celery_beetle.ops.handback_control.BeetleHandBackStep"
     label = "Beetle hand-back"
-    requires = ("celery_beetle.bootstep.BeetleGateStep",)
+    requires = ("celery_beetle.worker.bootstep.BeetleGateStep",)
 
     def __init__(self, c: Any, **kwargs: Any) -> None:
         super().__init__(c, **kwargs)

@@ -42,8 +42,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from celery_beetle.deadletter import dead_letter_queue_name
 from celery_beetle.ops.management import ManagementClient, ManagementError
+from celery_beetle.worker.deadletter import dead_letter_queue_name
 
 __all__ = [
     "BrokerPlan",

@@ -4,7 +4,7 @@ when it may have completed.
 :func:`replay` publishes a dead letter back to the queue it came from, redundantly
 (to two brokers), with a fresh attempt budget and a fresh expiry, and runs it exactly once:
 
-1. The store decides (:func:`~celery_beetle.outcome.decide_replay`, one atomic script): a
+1. The store decides (:func:`~celery_beetle.store.outcome.decide_replay`, one atomic script): a
    record that cannot run again (failed with its dead letter stored, or absent while the
    message is still within its dedup window) is deleted and the message marked
    ``r:<replay id>:<expiry of the copy to publish>``; a completed message is never run
@@ -55,7 +55,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from celery_beetle.deadletter import PREFIX as DEAD_PREFIX
 from celery_beetle.ops.dead_letters import (
     BROKER_DEATH_HEADERS,
     REPLAY_HEADER,
@@ -63,8 +62,9 @@ from celery_beetle.ops.dead_letters import (
     DeadLetterBrowser,
     select,
 )
-from celery_beetle.outcome import Replay, ReplayMark, decide_replay
 from celery_beetle.store import REPLAY_MARK_TTL_MS, Store
+from celery_beetle.store.outcome import Replay, ReplayMark, decide_replay
+from celery_beetle.worker.deadletter import PREFIX as DEAD_PREFIX
 from kombu_beetle.envelope import (
     EXPIRES_AT_HEADER,
     FLAG_DEGRADED,

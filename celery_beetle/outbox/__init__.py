@@ -27,6 +27,16 @@ Alembic).
 Also: ``apply_async(..., ordering_key=…)`` publishes a key's tasks in order (:mod:`.relay`);
 :func:`.inbox.once` commits a body's effects once (:mod:`.inbox`); opt-in NOTIFY wake-ups
 (:mod:`.notify`); Django: :mod:`celery_beetle.contrib.django`.
+
+The outbox builds on the worker (the inbox marks a running body, :func:`.inbox.once`) and
+the settings; it keeps its own collector (:mod:`.metrics`) and commands (:mod:`.cli`), and
+nothing below it imports it (``tests/unit/test_import_rules.py`` checks):
+
+:May import: ``kombu_beetle``, ``celery_beetle.worker``, ``celery_beetle.settings``,
+    ``celery_beetle.censor``
+:Not imported by: ``kombu_beetle``, ``celery_beetle.store``, ``celery_beetle.worker``,
+    ``celery_beetle.settings``, ``celery_beetle.metrics``, ``celery_beetle.censor``,
+    ``celery_beetle.task``, ``celery_beetle.ops``, ``celery_beetle.audit``
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ as UUIDv4 does. Within one process, ids made in the same millisecond still sort 
 the 12 bits after the timestamp count up (RFC 9562's "method 1").
 
 It prints as a plain UUID (hex and ``-``), so its dedup key is the short form A of
-:mod:`celery_beetle.keys` and every Celery tool accepts it as a task id.
+:mod:`celery_beetle.store.keys` and every Celery tool accepts it as a task id.
 """
 
 from __future__ import annotations

@@ -12,6 +12,15 @@
 
 Nothing is imported here until asked for (``from celery_beetle.testing import X`` works for
 the names in ``__all__``), so the servers can be used without pytest-celery's imports.
+
+The testing wing may use every other (it runs the real thing), and only the plugin and
+tests import it (``tests/unit/test_import_rules.py`` checks):
+
+:May import: anything
+:Not imported by: ``kombu_beetle``, ``celery_beetle.store``, ``celery_beetle.worker``,
+    ``celery_beetle.settings``, ``celery_beetle.metrics``, ``celery_beetle.censor``,
+    ``celery_beetle.task``, ``celery_beetle.ops``, ``celery_beetle.outbox``,
+    ``celery_beetle.audit``, ``celery_beetle.contrib``, ``celery_beetle.cli``
 """
 
 from __future__ import annotations

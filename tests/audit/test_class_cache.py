@@ -83,12 +83,14 @@ def test_only_the_three_most_recently_used_archives_are_kept(cache_dir):
 @pytest.mark.spark
 def test_a_built_archive_is_put_in_place_whole_and_the_next_audit_maps_it(tmp_path):
     env = {**os.environ, class_cache.CACHE_ENV: str(tmp_path / "cache")}
-    build = [sys.executable, "-m", "celery_beetle.audit.class_cache"]
+    build = [sys.executable, "-m", "celery_beetle.audit.warm"]
     subprocess.run(build, env=env, check=True, capture_output=True, timeout=300)
     archives = list((tmp_path / "cache").iterdir())
     assert [p.suffix for p in archives] == [".jsa"]  # in place, no temporary file left
     trace = tmp_path / "trace.jsonl"
-    trace.write_text("\n".join(class_cache._LINES) + "\n")
+    from celery_beetle.audit import warm  # imports pyspark
+
+    trace.write_text("\n".join(warm._LINES) + "\n")
     audit = [sys.executable, "-m", "celery_beetle.cli", "audit", str(trace), "--quiet"]
     audit += ["--out", str(tmp_path / "out")]
     run = subprocess.run(audit, env=env, capture_output=True, text=True, timeout=300)

@@ -153,7 +153,7 @@ def test_the_audit_judges_inexact_messages_again_from_their_events(spark, tmp_pa
 
 
 def test_timeline_and_broker_table_from_numbers_equal_those_from_the_lists(spark, tmp_path):
-    from celery_beetle.audit import numeric
+    from celery_beetle.audit import aggregates, numeric
     from celery_beetle.audit import transforms as T
     from celery_beetle.audit.names import Names
 
@@ -169,8 +169,8 @@ def test_timeline_and_broker_table_from_numbers_equal_those_from_the_lists(spark
     exact = by_numbers.where("exact").select("queue", "message_id")
     by_lists, by_numbers = by_lists.join(exact, ["queue", "message_id"]), by_numbers.where("exact")
     span = (10_000, 61_000)
-    expected = T.timeline_and_brokers(by_lists, span=span, max_buckets=20)
-    assert T.timeline_and_brokers(by_numbers, span, 20, brokers=names.brokers) == expected
+    expected = aggregates.timeline_and_brokers(by_lists, span=span, max_buckets=20)
+    assert aggregates.timeline_and_brokers(by_numbers, span, 20, brokers=names.brokers) == expected
     assert {r["broker"] for r in expected[1]} == {A, B, "c:5672"}  # d:5672 was never seen
 
 

@@ -225,33 +225,33 @@ def test_malformed_lines_are_counted_and_do_not_stop_the_audit(audited):
 
 
 def test_broker_tables_count_each_copy_and_coverage_counts_pairs(audited):
-    from celery_beetle.audit import transforms as T
+    from celery_beetle.audit import aggregates
 
     classified = audited[1]
-    _timeline, table = T.timeline_and_brokers(classified, span=(None, None))
+    _timeline, table = aggregates.timeline_and_brokers(classified, span=(None, None))
     brokers = {r["broker"]: r for r in table}
     # lost-undelivered, unobserved, overlap, expired, pair
     assert brokers[B]["published_messages"] == 5
     deliveries = sum(len(r["delivered_brokers"]) for r in classified.collect())
     assert sum(r["deliveries"] for r in table) == deliveries
-    coverage = T.redundancy_coverage(classified)
+    coverage = aggregates.redundancy_coverage(classified)
     assert coverage["redundant_messages"] == coverage["on_two_or_more_brokers"] == 5
 
 
 def test_verdict_counts_and_latency_percentiles_cover_every_message(spark, tmp_path, trace):
-    from celery_beetle.audit import transforms as T
+    from celery_beetle.audit import aggregates
 
     trace.published("ok", 10.0).run("ok", 10.5, 11.0)
     trace.published("lost", 10.0)
     trace.run("ghost", 11, 12)
     _, classified, _ = _audit(spark, tmp_path, trace)
-    counts = T.verdict_counts(classified)
+    counts = aggregates.verdict_counts(classified)
     assert counts["messages"] == 3
     assert (counts["completed_once"], counts["lost"], counts["unexpected"]) == (1, 1, 1)
-    lat = {(r["task_name"], r["queue"]): r for r in T.latency_percentiles(classified)}
+    lat = {(r["task_name"], r["queue"]): r for r in aggregates.latency_percentiles(classified)}
     assert lat[("*", "*")]["publish_to_start_p50_ms"] == 500
     assert lat[("t.add", "q")]["completed"] == 2
-    samples = T.samples(classified)
+    samples = aggregates.samples(classified)
     assert samples["lost"] == ["q/lost"] and samples["unexpected"] == ["q/ghost"]
 
 

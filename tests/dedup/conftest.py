@@ -1,7 +1,7 @@
 """Fixtures for the dedup-store contract suite: one suite, every store implementation.
 
-``store`` is parametrized over the in-memory :class:`~celery_beetle.fake_store.FakeStore` and
-:class:`~celery_beetle.store.RedisStore` on a real, flushed Redis (the project-wide
+``store`` is parametrized over the in-memory :class:`~celery_beetle.store.fake.FakeStore` and
+:class:`~celery_beetle.store.redis.RedisStore` on a real, flushed Redis (the project-wide
 ``redis_url`` fixture: a throwaway ``redis-server``, never the machine's own). Both read a
 manual clock, so leases and retry delays run out without sleeping.
 """
@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from celery_beetle.fake_store import FakeStore
 from celery_beetle.store import RedisStore, Store, wall_clock_ms
+from celery_beetle.store.fake import FakeStore
 
 
 class ManualClock:

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from kombu.asynchronous import Hub
 
-from celery_beetle.gate_reads import PipelinedReads, pipelined_reads_for
-from celery_beetle.outcome import Claim, Limits
-from celery_beetle.state import MessageFacts, Status
 from celery_beetle.store import RedisStore, wall_clock_ms
+from celery_beetle.store.outcome import Claim, Limits
+from celery_beetle.store.state import MessageFacts, Status
+from celery_beetle.worker.gate_reads import PipelinedReads, pipelined_reads_for
 
 pytestmark = pytest.mark.integration
 
@@ -130,7 +130,7 @@ def test_closing_answers_pending_reads_so_a_consumer_restart_strands_none(redis_
 def test_without_an_event_loop_or_a_single_connection_pool_the_gate_reads_synchronously(
     redis_url, hub
 ):
-    from celery_beetle.fake_store import FakeStore
+    from celery_beetle.store.fake import FakeStore
 
     assert pipelined_reads_for(RedisStore.from_url(redis_url), None, 2.0) is None
     assert pipelined_reads_for(FakeStore(), hub, 2.0) is None  # no Redis client: a test

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import uuid
 
-from celery_beetle.lease import LeaseKeeper
-from celery_beetle.outcome import Claim, Limits
-from celery_beetle.state import MessageFacts
 from celery_beetle.store import RedisStore, wall_clock_ms
+from celery_beetle.store.outcome import Claim, Limits
+from celery_beetle.store.state import MessageFacts
+from celery_beetle.worker.lease import LeaseKeeper
 from tests.harness.waiting import wait_until
 
 LIMITS = Limits(lease_timeout_ms=1_000, attempts=2, exceptions=1)

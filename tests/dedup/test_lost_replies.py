@@ -16,9 +16,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from celery_beetle.outcome import Claim, Failure, Limits
-from celery_beetle.state import MessageFacts, Status
 from celery_beetle.store import RedisStore
+from celery_beetle.store.outcome import Claim, Failure, Limits
+from celery_beetle.store.state import MessageFacts, Status
 from tests.harness.proxy import TcpProxy
 from tests.harness.redis_server import RedisServer
 

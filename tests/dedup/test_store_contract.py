@@ -1,5 +1,5 @@
 """One contract for every dedup store: the in-memory fake (the pure rules of
-``celery_beetle.outcome``) and Redis (the Lua scripts) must behave the same.
+``celery_beetle.store.outcome``) and Redis (the Lua scripts) must behave the same.
 
 Each scenario runs once per store through the parametrized ``store`` fixture; the tests
 marked Redis-only check what only a real server has (memory, TTLs on every key, atomicity).
@@ -17,8 +17,9 @@ import uuid
 import pytest
 import redis
 
-from celery_beetle.fake_store import FakeStore
-from celery_beetle.outcome import (
+from celery_beetle.store import RedisStore, Store
+from celery_beetle.store.fake import FakeStore
+from celery_beetle.store.outcome import (
     DEAD_LETTER_LEASE_MS,
     Claim,
     Failure,
@@ -28,8 +29,7 @@ from celery_beetle.outcome import (
     Limits,
     Rejected,
 )
-from celery_beetle.state import MessageFacts, State, Status
-from celery_beetle.store import RedisStore, Store
+from celery_beetle.store.state import MessageFacts, State, Status
 from tests.dedup.conftest import ManualClock
 
 DAY_MS = 86_400_000

@@ -3,17 +3,17 @@
 Part of the contract suite (the ``store`` fixture runs each test on the in-memory fake and on
 Redis): names with ``:``, ``{`` and ``}`` and ids of 255 bytes get a record each, scopes
 shared by several queues share it, and a record a worker of the previous version wrote under
-its old key is found (:mod:`celery_beetle.keys`).
+its old key is found (:mod:`celery_beetle.store.keys`).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from celery_beetle.fake_store import FakeStore
-from celery_beetle.outcome import Claim, Fence, Gate, Limits
-from celery_beetle.state import MessageFacts, Status
 from celery_beetle.store import RedisStore, Store
+from celery_beetle.store.fake import FakeStore
+from celery_beetle.store.outcome import Claim, Fence, Gate, Limits
+from celery_beetle.store.state import MessageFacts, Status
 from tests.dedup.conftest import ManualClock
 
 DAY_MS = 86_400_000

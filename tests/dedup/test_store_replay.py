@@ -1,13 +1,13 @@
-"""The replay rule (:func:`celery_beetle.outcome.decide_replay`) in both stores: the Lua
+"""The replay rule (:func:`celery_beetle.store.outcome.decide_replay`) in both stores: the Lua
 script ``replay.lua`` and the in-memory fake answer alike. Both read the test's clock, so a
 dedup window ends without sleeping (a record's own expiry is Redis's, so "the record
 expired" is played as "there never was one")."""
 
 from __future__ import annotations
 
-from celery_beetle.outcome import DEAD_LETTER_RETENTION_MS, Claim, Limits, Replay
-from celery_beetle.state import MessageFacts
 from celery_beetle.store import REPLAY_MARK_TTL_MS
+from celery_beetle.store.outcome import DEAD_LETTER_RETENTION_MS, Claim, Limits, Replay
+from celery_beetle.store.state import MessageFacts
 from tests.dedup.conftest import ManualClock
 
 DAY_MS = 86_400_000

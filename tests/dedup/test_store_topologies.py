@@ -3,7 +3,7 @@
 A Sentinel monitors the session's throwaway Redis; a one-node cluster owns every slot.
 The same claim → complete → duplicate sequence must work through both clients, with every
 key of a message in one slot (the hash tag in ``beetle:{scope:message_id}``; see
-:mod:`celery_beetle.keys`). With
+:mod:`celery_beetle.store.keys`). With
 ``wait_replicas`` a write counts only once a replica has it, still in one round trip.
 """
 
@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from celery_beetle.outcome import Fence, Gate, Limits
-from celery_beetle.redis_health import STORE_ERRORS
-from celery_beetle.state import MessageFacts
 from celery_beetle.store import RedisStore, ReplicaAckTimeout, connect, wall_clock_ms
+from celery_beetle.store.health import STORE_ERRORS
+from celery_beetle.store.outcome import Fence, Gate, Limits
+from celery_beetle.store.state import MessageFacts
 from tests.harness.ports import free_port
 from tests.harness.redis_server import redis_server_binary
 

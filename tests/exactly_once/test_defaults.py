@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from celery_beetle.state import Status
 from celery_beetle.store import RedisStore
+from celery_beetle.store.state import Status
 from tests.exactly_once.conftest import counts
 from tests.harness.waiting import wait_until
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import time
 
-from celery_beetle.state import Status
 from celery_beetle.store import RedisStore
+from celery_beetle.store.state import Status
 from tests.exactly_once.conftest import counts
 from tests.exactly_once.poison import celery_queue_empty, worker_restarted
 from tests.harness.redis_faults import refusing_writes

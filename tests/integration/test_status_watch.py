@@ -7,7 +7,7 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from celery_beetle.cli import main
-from celery_beetle.top import watch
+from celery_beetle.cli.top import watch
 from tests.harness.ports import free_port
 
 prometheus_client = pytest.importorskip("prometheus_client")

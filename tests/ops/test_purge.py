@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from celery_beetle.cli import main
-from celery_beetle.deadletter import dead_letter_headers
 from celery_beetle.ops.dead_letters import list_dead_letters, purge
+from celery_beetle.worker.deadletter import dead_letter_headers
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,8 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
-from celery_beetle.metrics import OutboxCollector
 from celery_beetle.outbox.db import engine_for
+from celery_beetle.outbox.metrics import OutboxCollector
 from celery_beetle.outbox.table import ASIDE, OUTBOX
 
 pytest.importorskip("prometheus_client")

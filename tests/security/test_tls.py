@@ -15,8 +15,8 @@ import redis
 from click.testing import CliRunner
 from kombu import Connection
 
-from celery_beetle import store
 from celery_beetle.cli import main
+from celery_beetle.store import address as store
 from kombu_beetle.brokers import BrokerLink
 from kombu_beetle.errors import BrokerTLSError, NoBrokerAvailable
 from kombu_beetle.options import build_options

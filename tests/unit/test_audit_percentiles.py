@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from celery_beetle.audit.transforms import _percentiles
+from celery_beetle.audit.aggregates import _percentiles
 
 
 def test_a_gap_at_the_median_gives_the_value_at_the_median_rank():

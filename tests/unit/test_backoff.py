@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from celery_beetle.backoff import backoff_ms
+from celery_beetle.store.backoff import backoff_ms
 
 
 def test_first_failure_waits_the_base_delay():

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 from celery.exceptions import Ignore
 from celery.worker.request import Request
 
-from celery_beetle.run import Dropped
 from celery_beetle.task import DROPPED_EVENT, BeetleRequest
+from celery_beetle.worker.errors import Dropped
 
 
 def test_a_dropped_copy_is_ignored_by_celery_and_keeps_its_reason_across_the_pool():

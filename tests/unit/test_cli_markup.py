@@ -14,9 +14,8 @@ import pytest
 from click.testing import CliRunner, Result
 from rich.console import Console
 
-from celery_beetle import status as report
-from celery_beetle import top
-from celery_beetle.cli import _Display, _print_verdict, main
+from celery_beetle.audit.cli import _Display, _print_verdict
+from celery_beetle.cli import main, report, top
 
 #: closes a tag rich never opened (a MarkupError), and opens one it knows (a style)
 ODD = "x[/db]y[bold]z"

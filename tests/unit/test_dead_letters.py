@@ -6,11 +6,11 @@ from datetime import datetime, timezone
 
 import pytest
 
-from celery_beetle.deadletter import dead_letter_headers
 from celery_beetle.ops.dead_letters import DeadLetter, describe, select
 from celery_beetle.ops.replay import REPLAY_HEADER, replay_headers
-from celery_beetle.outcome import Replay, decide_replay
-from celery_beetle.state import State, Status
+from celery_beetle.store.outcome import Replay, decide_replay
+from celery_beetle.store.state import State, Status
+from celery_beetle.worker.deadletter import dead_letter_headers
 from kombu_beetle.envelope import EXPIRES_AT_HEADER, FLAGS_HEADER
 
 

@@ -15,13 +15,13 @@ import pytest
 from celery import Celery
 
 import celery_beetle
-from celery_beetle.deadletter import dead_letter_headers, publish_dead_letter
-from celery_beetle.facts import FACTS_HEADER, facts_from_headers
-from celery_beetle.keys import MAX_PLAIN_ID_CHARS, decode_key, legacy_key, record_key
-from celery_beetle.retry_queue import RawMessage, publish_delayed
-from celery_beetle.run import request_facts
 from celery_beetle.settings import BeetleSettings
-from celery_beetle.state import MessageFacts
+from celery_beetle.store.keys import MAX_PLAIN_ID_CHARS, decode_key, legacy_key, record_key
+from celery_beetle.store.state import MessageFacts
+from celery_beetle.worker.deadletter import dead_letter_headers, publish_dead_letter
+from celery_beetle.worker.facts import FACTS_HEADER, facts_from_headers
+from celery_beetle.worker.retry_queue import RawMessage, publish_delayed
+from celery_beetle.worker.run import request_facts
 from kombu_beetle.envelope import FLAGS_HEADER
 from kombu_beetle.errors import InvalidTransportOption
 from kombu_beetle.options import build_options
@@ -269,7 +269,7 @@ def test_the_harness_store_claims_under_the_scope(h):
 def test_record_keys_gives_the_key_and_the_old_key_as_the_two_functions_do():
     import random
 
-    from celery_beetle.keys import legacy_key, record_key, record_keys
+    from celery_beetle.store.keys import legacy_key, record_key, record_keys
 
     rng = random.Random(7)
     for _ in range(5_000):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kombu_beetle.channel import BROKER_HEADER, _tag_errors
+from kombu_beetle.channel_host import BROKER_HEADER, tag_deliveries
 
 
 class Link:
@@ -37,7 +37,7 @@ def test_a_delivery_the_filter_takes_never_reaches_the_consumer() -> None:
 
     connection.delivery_filter = take
     raw = Raw()
-    _tag_errors(seen.append, "tag", connection)(raw)
+    tag_deliveries(seen.append, "tag", connection)(raw)
     assert seen == [] and filtered == [(raw, "tag")]
     assert raw.delivery_info["consumer_tag"] == "tag", "kombu's tag, as for any delivery"
     assert raw.delivery_info[BROKER_HEADER] == "127.0.0.1:5673"
@@ -46,7 +46,7 @@ def test_a_delivery_the_filter_takes_never_reaches_the_consumer() -> None:
 def test_a_delivery_the_filter_leaves_or_fails_on_goes_on_to_the_consumer() -> None:
     seen: list[Any] = []
     connection = Connection()
-    deliver = _tag_errors(seen.append, "tag", connection)
+    deliver = tag_deliveries(seen.append, "tag", connection)
     connection.delivery_filter = lambda raw, tag, on: False
     first = Raw()
     deliver(first)
@@ -66,7 +66,7 @@ def test_the_filter_sends_a_held_delivery_on_through_the_consumer_later() -> Non
     connection = Connection()
     connection.delivery_filter = lambda raw, tag, on: held.append((raw, on)) or True
     raw = Raw()
-    _tag_errors(seen.append, "tag", connection)(raw)
+    tag_deliveries(seen.append, "tag", connection)(raw)
     assert seen == []
     message, on = held[0]
     on(message)

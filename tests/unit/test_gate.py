@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from celery_beetle.facts import FACTS_HEADER, facts_from_headers, message_facts
-from celery_beetle.fake_store import FakeStore
-from celery_beetle.gate import DeliveryGate
-from celery_beetle.outcome import Limits
-from celery_beetle.state import MessageFacts
+from celery_beetle.store.fake import FakeStore
+from celery_beetle.store.outcome import Limits
+from celery_beetle.store.state import MessageFacts
+from celery_beetle.worker.facts import FACTS_HEADER, facts_from_headers, message_facts
+from celery_beetle.worker.gate import DeliveryGate
 
 NOW_MS = 1_800_000_000_000
 LIMITS = Limits(lease_timeout_ms=10_000, attempts=3, exceptions=2, delay_ms=1_000)
@@ -335,7 +335,7 @@ def test_a_run_that_did_not_complete_here_leaves_the_decision_to_redis(h):
 def test_a_soft_time_limit_does_not_stop_a_completion_from_being_stored():
     from billiard.exceptions import SoftTimeLimitExceeded
 
-    from celery_beetle.redis_health import call_until_stored
+    from celery_beetle.store.health import call_until_stored
 
     calls = []
 
@@ -472,7 +472,7 @@ def test_an_over_long_message_id_is_dead_lettered_as_invalid(h):
 
 
 def test_a_far_future_expiry_is_cut_to_the_longest_message_life(h):
-    from celery_beetle.facts import MAX_MESSAGE_LIFE_MS
+    from celery_beetle.worker.facts import MAX_MESSAGE_LIFE_MS
 
     message = Message(headers={"x-beetle-expires-at": 1e17})
     assert h.deliver(message) == "run"

@@ -16,11 +16,11 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from celery_beetle.facts import CLAIM_MARK, COMPLETED_MARK, FACTS_HEADER, GateClaim
-from celery_beetle.fake_store import FakeStore
-from celery_beetle.gate import DeliveryGate
-from celery_beetle.outcome import Limits
-from celery_beetle.state import MessageFacts, Status
+from celery_beetle.store.fake import FakeStore
+from celery_beetle.store.outcome import Limits
+from celery_beetle.store.state import MessageFacts, Status
+from celery_beetle.worker.facts import CLAIM_MARK, COMPLETED_MARK, FACTS_HEADER, GateClaim
+from celery_beetle.worker.gate import DeliveryGate
 from kombu_beetle.trace import TraceWriter
 from tests.unit.test_gate import NOW_MS, Clock, Message, QoS, Timer
 

@@ -16,10 +16,10 @@ from celery.concurrency.solo import TaskPool as SoloPool
 from celery.concurrency.thread import TaskPool as ThreadPool
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from celery_beetle.fake_store import FakeStore
-from celery_beetle.lease import LeaseKeeper, pool_enforces_time_limits
-from celery_beetle.outcome import Claim, FenceDecision, Limits
-from celery_beetle.state import MessageFacts
+from celery_beetle.store.fake import FakeStore
+from celery_beetle.store.outcome import Claim, FenceDecision, Limits
+from celery_beetle.store.state import MessageFacts
+from celery_beetle.worker.lease import LeaseKeeper, pool_enforces_time_limits
 from tests.harness.waiting import wait_until
 
 NOW_MS = 1_800_000_000_000
@@ -127,7 +127,7 @@ def test_a_takeover_stops_the_keeper_marks_the_lease_lost_and_warns(caplog):
 
     waits.before[1] = taken_over
     keeper = LeaseKeeper(store, FACTS, claimed(store, 3), 3_000, wait=waits)
-    with caplog.at_level(logging.WARNING, logger="celery_beetle.lease"):
+    with caplog.at_level(logging.WARNING, logger="celery_beetle.worker.lease"):
         run_to_end(keeper)
     assert takeovers == [Claim.ACQUIRED]
     assert keeper.lost
@@ -141,7 +141,7 @@ def test_a_store_error_is_logged_and_retried_at_the_next_beat(caplog):
     store = SpyStore(clock, failures=[RedisConnectionError("refused")])
     waits = Waits(clock, stop_after=3)
     keeper = LeaseKeeper(store, FACTS, claimed(store, 30), 30_000, wait=waits)
-    with caplog.at_level(logging.WARNING, logger="celery_beetle.lease"):
+    with caplog.at_level(logging.WARNING, logger="celery_beetle.worker.lease"):
         run_to_end(keeper)
     assert waits.delays == [10.0, 10.0, 10.0]
     assert (keeper.failures, keeper.extensions, keeper.lost) == (1, 1, False)
@@ -166,7 +166,7 @@ def test_an_unexpected_exception_is_logged_with_its_traceback_and_the_keeper_kee
     store = SpyStore(clock, failures=[RuntimeError("a bug")])
     waits = Waits(clock, stop_after=3)
     keeper = LeaseKeeper(store, FACTS, claimed(store, 3), 3_000, wait=waits)
-    with caplog.at_level(logging.WARNING, logger="celery_beetle.lease"):
+    with caplog.at_level(logging.WARNING, logger="celery_beetle.worker.lease"):
         run_to_end(keeper)
     assert (keeper.failures, keeper.extensions) == (1, 1)
     [record] = [r for r in caplog.records if r.exc_info]
@@ -243,7 +243,7 @@ def test_a_refusal_that_answers_after_stop_is_not_reported_as_a_takeover(caplog)
     store = BodyEndsDuringExtend(clock)
     token = claimed(store, 3)
     keeper = LeaseKeeper(store, FACTS, token, 3_000, wait=Waits(clock, stop_after=10))
-    with caplog.at_level(logging.WARNING, logger="celery_beetle.lease"):
+    with caplog.at_level(logging.WARNING, logger="celery_beetle.worker.lease"):
         run_to_end(keeper)
     assert store.extend_times == [NOW_MS + 1_000]
     assert not keeper.lost and "taken over" not in caplog.text

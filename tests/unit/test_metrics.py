@@ -7,9 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from celery_beetle.metrics import GateCollector, _Merged
-from celery_beetle.outcome import Claim
+from celery_beetle.metrics import _Merged
 from celery_beetle.settings import BeetleSettings
+from celery_beetle.store.outcome import Claim
+from celery_beetle.worker.metrics import GateCollector
 
 pytest.importorskip("prometheus_client")
 
@@ -78,7 +79,7 @@ def test_families_of_one_name_from_two_sources_are_merged_into_one():
 
 
 def test_watch_rates_are_the_difference_between_two_scrapes_per_second():
-    from celery_beetle.top import Snapshot, rates
+    from celery_beetle.cli.top import Snapshot, rates
 
     key = ("beetle_gate_deliveries_total", (("verdict", "duplicate"),))
     before = Snapshot(at=10.0, brokers=[], samples={key: 100.0})
@@ -95,9 +96,11 @@ def test_a_metrics_port_in_use_stops_the_worker_with_a_clear_error(monkeypatch):
     from prometheus_client import CollectorRegistry
 
     from celery_beetle import metrics
-    from celery_beetle.bootstep import BeetleGateStep
+    from celery_beetle.worker.bootstep import BeetleGateStep
 
-    monkeypatch.setattr(metrics, "registry_for", lambda gate, multiprocess: CollectorRegistry())
+    monkeypatch.setattr(
+        metrics, "registry_for", lambda collectors, multiprocess: CollectorRegistry()
+    )
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import amqp
 import pytest
 
-from celery_beetle.deadletter import dead_letter_headers, dead_letter_queue_name
-from celery_beetle.handback import HandBacks
 from celery_beetle.ops.migrate import MigrationState, parse_arguments, target_arguments
+from celery_beetle.worker.deadletter import dead_letter_headers, dead_letter_queue_name
+from celery_beetle.worker.handback import HandBacks
 from kombu_beetle.channel import inequivalent_arguments
 from kombu_beetle.identity import PRODUCT, VERSION_PROPERTY, client_properties
 from kombu_beetle.scopes import home_queue, migrating_queue, scope_of

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from celery_beetle.outcome import (
+from celery_beetle.store.outcome import (
     DEAD_LETTER_LEASE_MS,
     Claim,
     Failure,
@@ -26,7 +26,7 @@ from celery_beetle.outcome import (
     decide_release,
     key_ttl_ms,
 )
-from celery_beetle.state import MessageFacts, State, Status
+from celery_beetle.store.state import MessageFacts, State, Status
 
 NOW = 1_700_000_000_000
 DAY = 86_400_000

@@ -45,7 +45,7 @@ def test_every_directory_of_shipped_files_is_a_package_of_the_build():
         if path.is_file() and "__pycache__" not in path.parts
     }
     packages = _packages()
-    assert {"celery_beetle.scripts", "celery_beetle.outbox.migrations.versions"} <= shipped
+    assert {"celery_beetle.store.scripts", "celery_beetle.outbox.migrations.versions"} <= shipped
     assert shipped - packages == set()
     assert not [name for name in packages if "__pycache__" in name]
 

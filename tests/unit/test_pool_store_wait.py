@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from celery_beetle import run
+from celery_beetle.worker import run
 
 
 def _run(soft: float | None, message_soft: float | None = None) -> SimpleNamespace:

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 from celery import Celery
 
-from celery_beetle.outcome import Limits
 from celery_beetle.settings import BeetleSettings, mask_url, parse_store_url
 from celery_beetle.store import RedisStore
+from celery_beetle.store.outcome import Limits
 
 URL = "redis://localhost:6379/0"
 
@@ -174,7 +174,7 @@ def test_the_new_app_setting_beetle_default_retry_delay_does_not_warn(recwarn):
     assert not [w for w in recwarn if issubclass(w.category, DeprecationWarning)]
 
 
-# The store URL (celery_beetle.store.parse_store_url), checked when settings are built
+# The store URL (celery_beetle.store.redis.parse_store_url), checked when settings are built
 
 
 def test_a_plain_url_names_one_redis_with_its_database():

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from celery_beetle import store
 from celery_beetle.settings import parse_store_url
+from celery_beetle.store import address as store
 
 TLS_QUERY = "ssl_ca_certs=/ca.pem&ssl_certfile=/client.pem&ssl_keyfile=/client.key"
 EXPECTED = {

@@ -10,10 +10,10 @@ from celery.exceptions import ImproperlyConfigured
 
 import celery_beetle
 from celery_beetle import BeetleTask
-from celery_beetle.bootstep import BeetleGateStep, load_settings
-from celery_beetle.outcome import Limits
 from celery_beetle.settings import BeetleSettings
+from celery_beetle.store.outcome import Limits
 from celery_beetle.task import is_beetle_task, message_id_for, resolve_settings, time_limits_for
+from celery_beetle.worker.bootstep import BeetleGateStep, load_settings
 
 URL = "redis://localhost:6379/0"
 

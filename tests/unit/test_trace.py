@@ -312,11 +312,11 @@ def test_a_symlink_planted_at_the_trace_file_name_is_not_followed(tmp_path):
 
 
 def test_a_task_that_published_has_its_published_events_written_as_it_ends(tmp_path):
-    """``task_postrun`` in a worker (celery_beetle.run): before the sending task's delivery
+    """``task_postrun`` in a worker (celery_beetle.worker.run): before the sending task's delivery
     is acked, so a killed worker cannot leave a message that runs with no ``published``."""
     from celery.signals import task_postrun
 
-    import celery_beetle.run  # noqa: F401  (connects the handler)
+    import celery_beetle.worker.run  # noqa: F401  (connects the handler)
 
     publisher = _writer(tmp_path / "p", role="publisher")
     worker = _writer(tmp_path / "w", role="worker")

@@ -3,8 +3,9 @@ servers, judged by the audit and an effect ledger; every failure replayable from
 
 - :mod:`.scenario`: a scenario drawn from a seed (workload, settings, faults);
 - :mod:`.app`: the tasks the workers run; :mod:`.ledger`: what their bodies did;
-- :mod:`.faults`: the nemesis; :mod:`.runner`: servers, workers, drain;
-  :mod:`.publish`: the publisher; :mod:`.relay`: the outbox relay;
+- :mod:`.run`: one scenario's servers, workers and relay; :mod:`.runner`: a run from
+  start to verdict; :mod:`.faults`: the nemesis; :mod:`.publish`: the publisher;
+  :mod:`.relay`: the outbox relay;
 - :mod:`.allowed`: what each setting allows (the one table, from the README);
 - :mod:`.checker`: the verdict; :mod:`.shrink`: a smaller failing scenario and its test;
 - :mod:`.cli`: ``scripts/explore``.

@@ -6,7 +6,7 @@ defaults") it comes from, so a disagreement between a run and the table is eithe
 the product or a defect of the README/table pair, and the quote says which text to re-read.
 
 Outcomes are ``completed`` or ``dead:<reason>`` (the ``x-beetle-dead-reason`` of
-:mod:`celery_beetle.deadletter`).
+:mod:`celery_beetle.worker.deadletter`).
 """
 
 from __future__ import annotations
@@ -144,9 +144,9 @@ def expect(
 def max_starts(settings: Settings, replays: int, inbox: bool = False) -> int:
     """Body starts a BeetleTask message may have: ``attempts``, again per replay (a replay
     gives a fresh attempt budget); an inbox task whose body marked its commit and was cut
-    short, up to :data:`~celery_beetle.outcome.INBOX_EXTRA_STARTS` more (README "The inbox
+    short, up to :data:`~celery_beetle.store.outcome.INBOX_EXTRA_STARTS` more (README "The inbox
     costs starts"; the explorer's seed 5066)."""
-    from celery_beetle.outcome import INBOX_EXTRA_STARTS
+    from celery_beetle.store.outcome import INBOX_EXTRA_STARTS
 
     extra = INBOX_EXTRA_STARTS if inbox else 0
     return (settings.attempts + extra) * (1 + replays)

@@ -38,7 +38,7 @@ from celery_beetle.testing.redis_faults import refusing_writes
 from celery_beetle.testing.worker import _children
 
 if TYPE_CHECKING:
-    from celery_beetle.testing.explorer.runner import Run
+    from celery_beetle.testing.explorer.run import Run
 
 __all__ = ["Nemesis"]
 

@@ -22,7 +22,7 @@ from celery_beetle.testing.explorer import checker
 from celery_beetle.testing.explorer.scenario import SECOND_QUEUE, Item
 
 if TYPE_CHECKING:
-    from celery_beetle.testing.explorer.runner import Run
+    from celery_beetle.testing.explorer.run import Run
 
 __all__ = ["Publisher"]
 

@@ -16,11 +16,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from celery_beetle.testing.explorer.runner import Run
 
 __all__ = ["RelayProcess"]
 
@@ -31,18 +28,18 @@ APP = "celery_beetle.testing.explorer.app:app"
 class RelayProcess:
     """One ``beetle relay`` at a time; :meth:`kill` and :meth:`start` for the nemesis."""
 
-    def __init__(self, run: Run) -> None:
-        self.run_ = run
+    def __init__(self, db_url: str, env: Callable[[], dict[str, str]], base: Path) -> None:
+        #: the run's database, its environment for :mod:`.app`, and its directory (the log)
+        self.db_url, self.env, self.base = db_url, env, base
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0
 
     def start(self) -> None:
-        run = self.run_
-        assert run.db_url, "the relay needs the run's database"
+        assert self.db_url, "the relay needs the run's database"
         command = [sys.executable, "-c", "from celery_beetle.cli import main; main()",
-                   "relay", "--db", run.db_url, "--app", APP]  # fmt: skip
-        env = {**os.environ, **run.env()}
-        with (run.base / "relay.log").open("ab") as log:
+                   "relay", "--db", self.db_url, "--app", APP]  # fmt: skip
+        env = {**os.environ, **self.env()}
+        with (self.base / "relay.log").open("ab") as log:
             self.proc = subprocess.Popen(
                 command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
             )

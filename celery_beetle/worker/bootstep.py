@@ -1,0 +1,401 @@
+"""The consumer bootstep that puts the gate in front of every BeetleTask's strategy.
+
+Celery hands each task message to the task's *strategy* (``consumer.strategies[name]``),
+in the worker's main process, before a pool slot is involved. This step runs after Celery's
+``Tasks`` step has built the strategies (on every consumer start: they are rebuilt after a
+reconnect) and wraps those of BeetleTasks so that each delivery passes through
+:class:`~celery_beetle.worker.gate.DeliveryGate` first. Plain tasks keep Celery's strategy as is.
+
+At construction (worker start, before any message) it reads and validates the settings and
+every BeetleTask's options, raising :class:`celery.exceptions.ImproperlyConfigured` with the
+reason, and derives each BeetleTask's time limits from its lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from celery import bootsteps
+from celery.exceptions import ImproperlyConfigured, InvalidTaskError, NotRegistered
+from celery.utils.objects import Bunch
+from kombu.exceptions import ContentDisallowed, DecodeError
+
+from celery_beetle import metrics
+from celery_beetle.settings import BeetleSettings
+from celery_beetle.store import RedisStore, wall_clock_ms
+from celery_beetle.store.health import RedisProbe, store_unavailable
+from celery_beetle.store.outcome import Limits, Rejected
+from celery_beetle.worker.deadletter import dead_letter_headers, publish_dead_letter
+from celery_beetle.worker.facts import FACTS_HEADER, HANDBACK_MARK, InvalidHeader, message_facts
+from celery_beetle.worker.gate import DeliveryGate
+from celery_beetle.worker.gate_reads import pipelined_reads_for
+from celery_beetle.worker.metrics import GateCollector
+from celery_beetle.worker.retry_queue import RawMessage
+from celery_beetle.worker.run import is_beetle_task
+from kombu_beetle.trace import get_tracer
+
+__all__ = ["BeetleGateStep", "load_settings"]
+
+logger = logging.getLogger(__name__)
+
+#: The main process's store waits this long for Redis before pausing the consumer.
+GATE_SOCKET_TIMEOUT_S = 2.0
+
+
+def load_settings(app: Any) -> BeetleSettings:
+    """The app's beetle settings and each BeetleTask's options, validated; or a clear error."""
+    try:
+        settings = BeetleSettings.from_app(app)
+        for task in app.tasks.values():
+            if is_beetle_task(task):
+                task.apply_beetle_time_limits()
+    except (ValueError, TypeError) as exc:
+        raise ImproperlyConfigured(f"celery_beetle: {exc}") from exc
+    return settings
+
+
+class BeetleGateStep(bootsteps.StartStopStep):
+    """Gate BeetleTask deliveries in the main process (see :mod:`celery_beetle.worker.gate`)."""
+
+    #: the step's name in the blueprint, kept from the module it was first defined in, so that
+    #: a step naming it (``requires``) or a lookup by name finds it across the move
+    name = "celery_beetle.bootstep.BeetleGateStep"
+    label = "Beetle gate"
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        super().__init__(c, **kwargs)
+        self.settings = load_settings(c.app)
+        self.store: RedisStore | None = None
+        self.probe: RedisProbe | None = None
+        self.gate: DeliveryGate | None = None
+        self.queue_names: dict[str, str] = {}
+        #: the gate's id in the store (a bad input's dead letter is owed by it)
+        self.owner = f"gate@{getattr(c, 'hostname', None) or socket.gethostname()}:{os.getpid()}"
+        c.beetle_gate = self
+        self.metrics_server: Any = None
+        if self.settings.metrics_port is not None:
+            _prepare_metrics()
+
+    def start(self, c: Any) -> None:
+        if self.gate is None:
+            self.gate = self._make_gate(c)
+        else:
+            self.gate.reset()
+        if self.settings.metrics_port is not None and self.metrics_server is None:
+            self.metrics_server = self._serve_metrics()
+        self.queue_names = {}
+        gated = []
+        for name, task in c.app.tasks.items():
+            strategy = c.strategies.get(name)
+            if strategy is not None and is_beetle_task(task):
+                if not getattr(strategy, "beetle_gated", False):
+                    c.strategies[name] = gated_strategy(strategy, name, self.gate, c)
+                gated.append(name)
+        self._filter_twins(c, frozenset(gated))
+        if "on_unknown_task" not in vars(c):
+            c.on_unknown_task = self._unknown_task_handler(c, c.on_unknown_task)
+        logger.info(
+            "beetle: gating %d task(s) (%s reads): %s",
+            len(gated),
+            "pipelined" if self.gate.reads is not None else "synchronous",
+            ", ".join(sorted(gated)),
+        )
+
+    def _filter_twins(self, c: Any, gated: frozenset[str]) -> None:
+        """Let the gate see a gated task's deliveries before kombu makes Messages of them
+        (``beetle://`` only: :data:`kombu_beetle.channel_host.DeliveryFilter`), so that the
+        second copy of a message already running here costs almost nothing."""
+        connection = getattr(getattr(c, "connection", None), "_connection", None)
+        if connection is None or not hasattr(connection, "delivery_filter"):
+            return
+        gate = self.gate
+        assert gate is not None
+
+        def hold_twin(raw: Any, tag: str, deliver: Callable[[Any], Any]) -> bool:
+            headers = raw.properties.get("application_headers")
+            task_name = headers.get("task") if isinstance(headers, dict) else None
+            if task_name not in gated:
+                return False
+            return gate.hold_twin(raw, task_name, deliver)
+
+        connection.delivery_filter = hold_twin
+
+    def _serve_metrics(self) -> Any:
+        port, addr = self.settings.metrics_port, self.settings.metrics_addr
+        assert port is not None
+        try:
+            return metrics.serve(port, addr, [GateCollector(lambda: self.gate)], True)
+        except OSError as exc:
+            raise ImproperlyConfigured(
+                f"celery_beetle: cannot serve metrics on {addr}:{port} ({exc.strerror or exc}): "
+                "is another worker on this host using beetle_metrics_port? Give each its own"
+            ) from exc
+
+    def stop(self, c: Any) -> None:
+        if self.gate is not None:
+            self.gate.reset()
+
+    def shutdown(self, c: Any) -> None:
+        self.stop(c)
+        for closable in (self.store, self.probe):
+            if closable is not None:
+                try:
+                    closable.close()
+                except Exception:
+                    pass
+
+    # -- wiring ----------------------------------------------------------------------------
+
+    def _make_gate(self, c: Any) -> DeliveryGate:
+        settings = self.settings
+        self.store = RedisStore.from_url(
+            settings.redis_url,
+            key_prefix=settings.key_prefix,
+            ttl_margin_ms=settings.key_ttl_margin_ms,
+            wait_replicas=settings.redis_wait_replicas,  # the gate writes too (claims, releases)
+            socket_timeout=GATE_SOCKET_TIMEOUT_S,
+            socket_connect_timeout=GATE_SOCKET_TIMEOUT_S,
+        )
+        self.probe = RedisProbe(settings.redis_url, key=f"{settings.key_prefix}probe:{self.owner}")
+
+        def call_later(seconds: float, fn: Callable[[], None]) -> Any:
+            if seconds <= 0 and getattr(c, "hub", None) is not None:
+                return c.hub.call_soon(fn)
+            return c.timer.call_after(max(seconds, 0.0), fn)
+
+        reads = pipelined_reads_for(self.store, getattr(c, "hub", None), GATE_SOCKET_TIMEOUT_S)
+        # a batch does not WAIT for replicas: with wait_replicas the gate reads, the pool claims
+        claims = reads is not None and not self.store.wait_replicas
+        # the gate writes a batch's outcome events at once, after the batch (its
+        # ``after_batch``), not a write per ``completed`` event on the worker's event loop; a
+        # batch that settled nothing leaves its events to the writer's thread. A copy dropped
+        # in a batch (a ``duplicate``, an ``expired``) is written before its ack too, like a
+        # completion (DeliveryGate.after_batch): a ``duplicate`` of a completed message is the
+        # evidence of a completion whose own event died with its worker
+        outcomes = ["completed", "dead_lettered", "expired"]
+        if reads is not None:
+            outcomes.append("duplicate")
+        tracer = get_tracer(
+            settings.trace_dir, role="gate", defer_sync=reads is not None, sync_events=outcomes
+        )
+        return DeliveryGate(
+            store=self.store,
+            call_later=call_later,
+            qos=lambda: c.qos,
+            dead_letter=lambda message, queue, reason, detail: self.dead_letter_once(
+                c, message, queue, reason, detail
+            ),
+            queue_of=lambda message: self.queue_of(c, message),
+            scopes=settings.dedup_scopes,
+            probe=self.probe,
+            tracer=tracer,
+            message_ttl_ms=settings.message_ttl_ms,
+            worker=getattr(c, "hostname", None),
+            reads=reads,
+            claims_for=self._claims_for(c) if claims else _no_claims,
+            max_deferred=settings.max_deferred,
+            max_deferred_bytes=settings.max_deferred_bytes,
+            unknown_task_grace_ms=round(settings.unknown_task_grace_s * 1000),
+        )
+
+    def _claims_for(self, c: Any) -> Callable[[Any, str], Limits | None]:
+        """The gate claims a BeetleTask delivery in its batch, with the task's limits; but
+        not one with an ETA: Celery holds it in the main process until then, and the pool
+        claims it when it runs, so no lease runs out while it waits."""
+        limits: dict[str, Limits] = {}
+
+        def claims_for(message: Any, task_name: str) -> Limits | None:
+            if (message.headers or {}).get("eta"):
+                return None
+            found = limits.get(task_name)
+            if found is None:
+                task = c.app.tasks.get(task_name)
+                if not is_beetle_task(task):
+                    return None
+                found = limits[task_name] = task.beetle_settings.limits
+            return found
+
+        return claims_for
+
+    def queue_of(self, c: Any, message: Any) -> str:
+        """The queue a delivery came from: its consumer tag names it (kombu_beetle uses one
+        tag per queue on every broker); the routing key if the tag is unknown."""
+        info = message.delivery_info or {}
+        tag = info.get("consumer_tag")
+        queue = self.queue_names.get(tag) if tag else None
+        if queue is None and tag:
+            active = getattr(c.task_consumer, "_active_tags", {}) or {}
+            self.queue_names = {t: q for q, t in active.items()}
+            queue = self.queue_names.get(tag)
+        return queue or info.get("routing_key") or "celery"
+
+    def dead_letter_once(
+        self, c: Any, message: Any, queue: str, reason: str, detail: str
+    ) -> float | None:
+        """Dead-letter bad input once per message, not once per copy: every copy of a
+        redundant message is equally bad, so the store lets the first one through
+        (:meth:`~celery_beetle.store.base.Store.reject`) and the others are only acked.
+
+        Returns None when the message may be acked, or seconds after which to hand it back
+        (another worker is publishing its dead letter). Raises when the dead letter is not
+        stored: the gate hands the message back, and the record keeps it owed. Without a
+        usable ``message_id``, or with Redis unavailable, every copy is dead-lettered: two
+        dead letters are better than none."""
+        message_id = (message.properties or {}).get("message_id")
+        store, facts = self.store, None
+        if message_id and store is not None:
+            try:
+                facts = message_facts(
+                    queue,
+                    message_id,
+                    message.headers,
+                    self.settings.message_ttl_ms,
+                    wall_clock_ms(),
+                    self.settings.scope_of(queue),
+                )
+                decision = store.reject(facts, reason, self.owner)
+            except InvalidHeader:
+                facts = None
+            except Exception as exc:
+                if not store_unavailable(exc):
+                    raise
+                logger.warning("beetle: cannot tell if %s was dead-lettered (%r)", message_id, exc)
+                facts = None
+            else:
+                if decision.outcome is Rejected.DONE:
+                    logger.warning(
+                        "beetle: %s on queue %r (%s): dead-lettered already",
+                        str(message_id)[:100],
+                        queue,
+                        reason,
+                    )
+                    return None
+                if decision.outcome is Rejected.WAIT:
+                    return decision.delay_ms / 1000
+        dead_letter_delivery(c.app, message, queue, reason, detail, self.settings.scope_of(queue))
+        if facts is not None and store is not None:
+            try:
+                store.dead_lettered(facts)
+            except Exception as exc:  # stored on the broker: at worst a second dead letter
+                logger.warning("beetle: cannot mark %s dead-lettered (%r)", message_id, exc)
+        return None
+
+    def _unknown_task_handler(
+        self, c: Any, original: Callable[[Any, Any, Any], None]
+    ) -> Callable[[Any, Any, Any], None]:
+        def on_unknown_task(body: Any, message: Any, exc: Any) -> None:
+            gate = self.gate
+            if gate is None:
+                original(body, message, exc)
+                return
+            name = (message.headers or {}).get("task") or "?"
+            if gate.unknown_task(message, str(name), repr(exc)) == "bad_input":
+                _record_unknown_task(c.app, message, str(name))
+
+        return on_unknown_task
+
+
+def gated_strategy(strategy: Any, task_name: str, gate: DeliveryGate, consumer: Any) -> Any:
+    """``strategy`` behind the gate. Errors Celery's message handler would catch around a
+    strategy call are caught here, because a deferred delivery starts from a timer."""
+
+    def beetle_strategy(
+        message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kwargs: Any
+    ) -> None:
+        def start(done: Callable[..., None]) -> None:
+            def on_ack(*args: Any, **kw: Any) -> Any:
+                def acked() -> Any:
+                    try:
+                        return ack(*args, **kw)
+                    finally:
+                        done()
+
+                # a run on the gate's claim: its completion is stored first, then the ack
+                if gate.complete_before_ack(message, acked):
+                    return None
+                return acked()
+
+            def on_reject(*args: Any, **kw: Any) -> Any:
+                facts = (message.headers or {}).get(FACTS_HEADER)
+                mark = facts.pop(HANDBACK_MARK, None) if isinstance(facts, dict) else None
+                if isinstance(mark, dict):  # the pool handed it back: requeue after a backoff
+                    done(mark, lambda: reject(*args, **kw))
+                    return None
+                try:
+                    return reject(*args, **kw)
+                finally:
+                    done()
+
+            try:
+                strategy(message, body, on_ack, on_reject, callbacks, **kwargs)
+            except (InvalidTaskError, ContentDisallowed) as exc:
+                done()
+                consumer.on_invalid_task(body, message, exc)
+            except DecodeError as exc:
+                done()
+                consumer.on_decode_error(message, exc)
+            except Exception:
+                # Celery's strategy failed on something nobody foresaw: never out of the
+                # consumer (it would restart, or the worker exit); the message goes back
+                logger.exception("beetle: starting %s failed; handing it back", task_name)
+                done()
+                gate.hand_back(message)
+
+        gate.handle(message, task_name, start)
+
+    beetle_strategy.beetle_gated = True  # type: ignore[attr-defined]
+    beetle_strategy.__wrapped__ = strategy  # type: ignore[attr-defined]
+    return beetle_strategy
+
+
+def _prepare_metrics() -> None:
+    """Before the pool forks: every process of this worker counts into shared files."""
+    try:
+        metrics.prepare_multiprocess()
+    except ImportError as exc:
+        raise ImproperlyConfigured(
+            "celery_beetle: beetle_metrics_port is set but prometheus_client is not installed: "
+            "pip install 'kombu-beetle[metrics]' (or unset beetle_metrics_port)"
+        ) from exc
+
+
+def _no_claims(message: Any, task_name: str) -> None:
+    return None
+
+
+def dead_letter_delivery(
+    app: Any, message: Any, queue: str, reason: str, detail: str, scope: str | None = None
+) -> None:
+    """Publish a delivery the gate cannot take to ``<queue>.dead`` (main process)."""
+    raw = RawMessage.from_delivery(message)
+    worker = f"{socket.gethostname()}:{os.getpid()}"
+    headers = dead_letter_headers(reason, queue, detail=detail, worker=worker, scope=scope)
+    with app.producer_or_acquire() as producer:
+        publish_dead_letter(producer, raw, queue, headers)
+    metrics.dead_lettered(scope or queue, reason)
+
+
+def _record_unknown_task(app: Any, message: Any, name: str) -> None:
+    """What Celery records for an unknown task, once it is dead-lettered: a FAILURE in the
+    result backend (best effort: the dead letter is what counts)."""
+    headers = message.headers or {}
+    task_id = headers.get("id")
+    if not task_id:
+        return
+    request = Bunch(
+        name=name,
+        chord=None,
+        root_id=headers.get("root_id"),
+        correlation_id=(message.properties or {}).get("correlation_id"),
+        reply_to=(message.properties or {}).get("reply_to"),
+        errbacks=None,
+    )
+    try:
+        app.backend.mark_as_failure(task_id, NotRegistered(name), request=request)
+    except Exception as exc:
+        logger.debug("beetle: cannot record unknown task %s: %r", task_id, exc)

@@ -19,15 +19,28 @@ _lock = threading.Lock()
 _handed_out: set[int] = set()
 
 
-def free_port() -> int:
-    """Return a port outside the ephemeral range that nothing holds and we have not handed out."""
+def free_port(also_at: int = 0) -> int:
+    """Return a port outside the ephemeral range that nothing holds and we have not handed out.
+
+    ``also_at``: the server binds ``port + also_at`` too (a Redis Cluster node's bus, 10000
+    above), so that one must be free as well; it may lie in the ephemeral range, where a
+    client socket can take it before the server binds it, so the caller retries on a clash."""
     low, high = _server_range()
     with _lock:
         for _ in range(1000):
             port = random.randint(low, high)
-            if port not in _handed_out and _bindable(port):
-                _handed_out.add(port)
-                return port
+            if port in _handed_out or not _bindable(port):
+                continue
+            if also_at and (
+                port + also_at > 65535
+                or port + also_at in _handed_out
+                or not _bindable(port + also_at)
+            ):
+                continue
+            _handed_out.add(port)
+            if also_at:
+                _handed_out.add(port + also_at)
+            return port
     raise RuntimeError(f"no free port in {low}-{high}")
 
 

@@ -64,14 +64,21 @@ def sentinel_url(redis_server, tmp_path: Path) -> Iterator[str]:
 
 @pytest.fixture
 def cluster_url(tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    proc = _start(
-        ["--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path), "--save", "",
-         "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"],
-        tmp_path / "cluster.log",
-    )  # fmt: skip
-    probe = redis.Redis(port=port, socket_timeout=1)
-    _wait(probe.ping, "the cluster node")
+    for attempt in range(3):  # its bus port (+10000) is in the ephemeral range: may clash
+        port = free_port(also_at=10000)
+        node_dir = tmp_path / f"node{attempt}"
+        node_dir.mkdir()
+        proc = _start(
+            ["--port", str(port), "--bind", "127.0.0.1", "--dir", str(node_dir), "--save", "",
+             "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"],
+            node_dir / "cluster.log",
+        )  # fmt: skip
+        probe = redis.Redis(port=port, socket_timeout=1)
+        _wait(lambda p=proc, r=probe: p.poll() is not None or r.ping(), "the cluster node")
+        if proc.poll() is None:
+            break
+    else:
+        pytest.fail(f"the cluster node did not start: {(node_dir / 'cluster.log').read_text()}")
     probe.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
     _wait(lambda: b"cluster_state:ok" in probe.execute_command("CLUSTER", "INFO"), "the cluster")
     yield f"redis+cluster://127.0.0.1:{port}"

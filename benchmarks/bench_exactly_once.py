@@ -56,7 +56,12 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery, bootsteps
-from celery.signals import worker_process_shutdown, worker_ready, worker_shutdown
+from celery.signals import (
+    worker_process_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+)
 from kombu import Connection
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -178,6 +183,42 @@ if os.environ.get("BENCH_GC_FREEZE"):  # an experiment: start-up objects out of 
         import gc
 
         gc.freeze()
+
+
+if os.environ.get("BENCH_GC_SAVEALL"):
+    # What only the cyclic garbage collector frees, by type, written to this path (and to
+    # path.<pid> by each pool process) as the worker stops: every object there was part of a
+    # reference cycle, and a cycle per task makes the collector's full passes pause the worker
+
+    @worker_ready.connect
+    def _saveall(**kwargs: Any) -> None:
+        import gc
+
+        gc.collect()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+
+    @worker_process_init.connect
+    def _saveall_pool(**kwargs: Any) -> None:
+        _saveall()
+
+    @worker_process_shutdown.connect
+    def _dump_pool(**kwargs: Any) -> None:
+        _dump_garbage(suffix=f".{os.getpid()}")
+
+    @worker_shutdown.connect
+    def _dump_garbage(suffix: str = "", **kwargs: Any) -> None:
+        import collections
+        import gc
+
+        kinds = collections.Counter(type(o).__name__ for o in gc.garbage)
+        funcs = collections.Counter(
+            getattr(o, "__qualname__", "?") for o in gc.garbage if type(o).__name__ == "function"
+        )
+        Path(os.environ["BENCH_GC_SAVEALL"] + suffix).write_text(
+            json.dumps(
+                {"kinds": kinds.most_common(25), "functions": funcs.most_common(25)}, indent=1
+            )
+        )
 
 
 if os.environ.get("BENCH_MEMORY_DEDUP"):
@@ -675,41 +716,3 @@ def report(
 
 if __name__ == "__main__":
     main()
-
-
-if os.environ.get("BENCH_GC_SAVEALL"):
-    # What only the cyclic garbage collector frees, by type, written to this path (and to
-    # path.<pid> by each pool process) as the worker stops: every object there was part of a
-    # reference cycle, and a cycle per task makes the collector's full passes pause the worker
-
-    @worker_ready.connect
-    def _saveall(**kwargs: Any) -> None:
-        import gc
-
-        gc.collect()
-        gc.set_debug(gc.DEBUG_SAVEALL)
-
-    from celery.signals import worker_process_init
-
-    @worker_process_init.connect
-    def _saveall_pool(**kwargs: Any) -> None:
-        _saveall()
-
-    @worker_process_shutdown.connect
-    def _dump_pool(**kwargs: Any) -> None:
-        _dump_garbage(suffix=f".{os.getpid()}")
-
-    @worker_shutdown.connect
-    def _dump_garbage(suffix: str = "", **kwargs: Any) -> None:
-        import collections
-        import gc
-
-        kinds = collections.Counter(type(o).__name__ for o in gc.garbage)
-        funcs = collections.Counter(
-            getattr(o, "__qualname__", "?") for o in gc.garbage if type(o).__name__ == "function"
-        )
-        Path(os.environ["BENCH_GC_SAVEALL"] + suffix).write_text(
-            json.dumps(
-                {"kinds": kinds.most_common(25), "functions": funcs.most_common(25)}, indent=1
-            )
-        )

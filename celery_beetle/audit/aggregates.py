@@ -79,13 +79,8 @@ def timeline_and_brokers(
     """
     if brokers is not None:
         return _timeline_and_brokers_from_numbers(classified, span, max_buckets, brokers)
-    lo, hi = span
-    bucket_s = 1
-    if lo is not None:
-        hi = hi if hi is not None else lo
-        bucket_s = max(1, math.ceil((hi - lo) / 1000 / max_buckets))
-    width_ms = bucket_s * 1000
-    base = lo if lo is not None else 0
+    lo = span[0]
+    base, width_ms = _span(span, max_buckets)
     c = F.col
     unknown = F.lit("?")
     rows = classified.select(
@@ -134,7 +129,7 @@ def timeline_and_brokers(
         {"bucket": b, "event": e, "broker": k, "messages": n}
         for (b, e, k), n in sorted(counts.items(), key=lambda kv: kv[0])
     ]
-    timeline = {"start_ms": lo, "bucket_s": bucket_s, "rows": found}
+    timeline = {"start_ms": lo, "bucket_s": width_ms // 1000, "rows": found}
     table = [
         {"broker": b, "deliveries": deliveries.get(b, 0), "published_messages": published.get(b, 0)}
         for b in sorted(set(deliveries) | set(published))

@@ -52,31 +52,36 @@ def _policy_inputs(config_path: str, names: tuple[str, ...]) -> tuple[Any, list[
     return config, wanted
 
 
+def management_api_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--management-port``, ``--management-tls`` and ``--management-url``: how to reach
+    each broker's management API (:func:`_clients`), the same for every command that uses it."""
+    f = click.option(
+        "--management-url",
+        "management_urls",
+        multiple=True,
+        metavar="HOST:PORT=URL",
+        help="The API of one broker, e.g. rabbit1:5672=https://rabbit1:15671 (repeatable).",
+    )(f)
+    f = click.option("--management-tls", is_flag=True, help="https to the management API.")(f)
+    return click.option(
+        "--management-port", default=15672, show_default=True, help="On every broker."
+    )(f)
+
+
 def _management_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    for option in reversed(
-        [
-            click.option(
-                "--config",
-                "config_path",
-                required=True,
-                type=click.Path(exists=True, dir_okay=False),
-                help='JSON: {"default": {...}, "queues": {"name": {...}}} (beetle_queue_policies).',
-            ),
-            click.option("--queue", "-Q", "names", multiple=True, help="Only this queue."),
-            click.option(
-                "--management-port", default=15672, show_default=True, help="On every broker."
-            ),
-            click.option("--management-tls", is_flag=True, help="https to the management API."),
-            click.option(
-                "--management-url",
-                "management_urls",
-                multiple=True,
-                metavar="HOST:PORT=URL",
-                help="The API of one broker, e.g. rabbit1:5672=https://rabbit1:15671 (repeatable).",
-            ),
-            broker_option,
-        ]
-    ):
+    options: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
+        click.option(
+            "--config",
+            "config_path",
+            required=True,
+            type=click.Path(exists=True, dir_okay=False),
+            help='JSON: {"default": {...}, "queues": {"name": {...}}} (beetle_queue_policies).',
+        ),
+        click.option("--queue", "-Q", "names", multiple=True, help="Only this queue."),
+        management_api_options,
+        broker_option,
+    ]
+    for option in reversed(options):
         f = option(f)
     return f
 
@@ -175,15 +180,7 @@ def _print_plans(plans: list[Any]) -> bool:
     is_flag=True,
     help="Start although plain or older consumers consume QUEUE (see beetle fleet).",
 )
-@click.option("--management-port", default=15672, show_default=True, help="On every broker.")
-@click.option("--management-tls", is_flag=True, help="https to the management API.")
-@click.option(
-    "--management-url",
-    "management_urls",
-    multiple=True,
-    metavar="HOST:PORT=URL",
-    help="The API of one broker, e.g. rabbit1:5672=https://rabbit1:15671 (repeatable).",
-)
+@management_api_options
 @click.option(
     "--settle-s",
     default=5.5,
@@ -272,15 +269,7 @@ def migrate_command(
     default=None,
     help="Flag beetle consumers older than this (default: this beetle's version).",
 )
-@click.option("--management-port", default=15672, show_default=True, help="On every broker.")
-@click.option("--management-tls", is_flag=True, help="https to the management API.")
-@click.option(
-    "--management-url",
-    "management_urls",
-    multiple=True,
-    metavar="HOST:PORT=URL",
-    help="The API of one broker, e.g. rabbit1:5672=https://rabbit1:15671 (repeatable).",
-)
+@management_api_options
 @broker_option
 @json_option
 def fleet(

@@ -80,6 +80,8 @@ app.conf.worker_hijack_root_logger = False
 app.conf.worker_prefetch_multiplier = int(os.environ.get("BENCH_PREFETCH", "4"))
 app.conf.broker_connection_retry_on_startup = True
 app.conf.beetle_trace_dir = os.environ.get("BENCH_TRACE") or None
+# "0": the gate claims every delivery first, a pool process free or not (the way before)
+app.conf.beetle_claim_in_idle_pool = os.environ.get("BENCH_CLAIM_IN_IDLE_POOL", "1") == "1"
 if os.environ.get("BENCH_METRICS_PORT"):
     app.conf.beetle_metrics_port = int(os.environ["BENCH_METRICS_PORT"])
     app.conf.beetle_metrics_addr = "127.0.0.1"

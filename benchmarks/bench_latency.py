@@ -119,14 +119,22 @@ def latency(
     tasks: int,
     tmp: Path,
     trace_dir: Path | None = None,
+    twice: bool = False,
+    gate_claims: bool = False,
 ) -> tuple[float, float, float, float]:
     """p50 and p99 publish-to-completion (ms) at ``rate`` tasks/s (``inf``: as fast as the
     publishers can), the rate sent and the rate served (first publish to last run).
-    With ``trace_dir``, publisher and worker write trace events there (:func:`breakdown`)."""
+    With ``trace_dir``, publisher and worker write trace events there (:func:`breakdown`).
+    ``twice``: a plain task published to both brokers of a ``beetle://`` URL, its second
+    copy dropped in the transport from a memory set (the two-copy path with no dedup).
+    ``gate_claims``: the gate claims every delivery first (``beetle_claim_in_idle_pool``
+    off), a pool process free or not."""
     label = int(rate) if rate < math.inf else "max"
-    queue = f"lat-{task_name.split('.')[1]}-{label}-{time.monotonic_ns()}"
+    kind = "twice" if twice else task_name.split(".")[1]
+    queue = f"lat-{kind}-{label}-{time.monotonic_ns()}"
     out = tmp / f"{queue}.out"
-    client = Celery("bench_latency", broker=broker, set_as_current=False)
+    publish_url = f"{broker}?redundant_queues={queue}" if twice else broker
+    client = Celery("bench_latency", broker=publish_url, set_as_current=False)
     client.conf.beetle_redis_url = redis_url
     if trace_dir is not None:  # the publisher traces through the transport's option
         client.conf.beetle_trace_dir = str(trace_dir)
@@ -142,6 +150,10 @@ def latency(
         env["BENCH_GC_FREEZE"] = "1"
     if trace_dir is not None:
         env["BENCH_TRACE"] = str(trace_dir)
+    if twice:
+        env["BENCH_TRANSPORT_DEDUP"] = "1"
+    if gate_claims:
+        env["BENCH_CLAIM_IN_IDLE_POOL"] = "0"
     with workers(broker, redis_url, queue, out, env=env) as procs:
         with client.producer_or_acquire() as prod:
             task.apply_async((time.time(),), queue=queue, producer=prod)  # declares; warms up
@@ -168,7 +180,7 @@ def latency(
     runs = _runs(out)
     served_rate = tasks / (max(ran for ran, _ in runs) - began)
     waits = sorted(ran - sent for ran, sent in runs[1 + tasks // 10 :])  # warmed up
-    GC_SEEN[task_name] = _gc_line(stats)
+    GC_SEEN["twice" if twice else task_name] = _gc_line(stats)
     return _pct(waits, 0.5) * 1000, _pct(waits, 0.99) * 1000, sent_rate, served_rate
 
 
@@ -278,6 +290,12 @@ def main() -> None:
         "its latency goes, stage by stage",
     )
     parser.add_argument(
+        "--gate-claims-too",
+        action="store_true",
+        help="also run BeetleTask at each rate with beetle_claim_in_idle_pool off (the gate "
+        "claims first, then the pool starts: two round trips before the body)",
+    )
+    parser.add_argument(
         "--gc-freeze",
         action="store_true",
         help="an experiment: the workers call gc.freeze() once ready (both kinds)",
@@ -319,15 +337,27 @@ def main() -> None:
             for fraction in (float(f) for f in opts.rates.split(",")):
                 rate = fraction * live[BEETLE]
                 plain = latency(single, server.url, PLAIN, rate, opts.tasks, tmp)
+                twin = latency(both, server.url, PLAIN, rate, opts.tasks, tmp, twice=True)
                 beetle = latency(both, server.url, BEETLE, rate, opts.tasks, tmp)
                 print(
                     f"at {fraction:.0%} of BeetleTask's peak ({rate:.0f}/s; sent "
-                    f"{plain[2]:.0f}/s and {beetle[2]:.0f}/s): "
+                    f"{plain[2]:.0f}/s, {twin[2]:.0f}/s and {beetle[2]:.0f}/s): "
                     f"plain p50 {plain[0]:.1f} ms p99 {plain[1]:.1f} ms; "
+                    f"two copies, no dedup p50 {twin[0]:.1f} ms p99 {twin[1]:.1f} ms; "
                     f"BeetleTask p50 {beetle[0]:.1f} ms p99 {beetle[1]:.1f} ms; "
-                    f"p99 beetle/plain {beetle[1] / plain[1]:.2f} (target <= 1.3)"
+                    f"p99 beetle/plain {beetle[1] / plain[1]:.2f} (target <= 1.3), "
+                    f"two copies/plain {twin[1] / plain[1]:.2f}, "
+                    f"beetle/two copies {beetle[1] / twin[1]:.2f}"
                 )
+                if opts.gate_claims_too:
+                    gated = latency(both, server.url, BEETLE, rate, opts.tasks, tmp, gate_claims=True)
+                    print(
+                        f"  BeetleTask with the gate claiming first (beetle_claim_in_idle_pool "
+                        f"off): p50 {gated[0]:.1f} ms p99 {gated[1]:.1f} ms; "
+                        f"p99 /plain {gated[1] / plain[1]:.2f}"
+                    )
                 print(f"  worker main process, plain {GC_SEEN.get(PLAIN)}")
+                print(f"  worker main process, two copies {GC_SEEN.get('twice')}")
                 print(f"  worker main process, BeetleTask {GC_SEEN.get(BEETLE)}")
             if opts.breakdown:
                 fraction = float(opts.rates.split(",")[0])

@@ -106,6 +106,7 @@ _APP_OPTIONS: Mapping[str, str] = {
     "beetle_max_deferred": "max_deferred",
     "beetle_max_deferred_bytes": "max_deferred_bytes",
     "beetle_unknown_task_grace": "unknown_task_grace_s",
+    "beetle_claim_in_idle_pool": "claim_in_idle_pool",
     "beetle_dedup_scopes": "dedup_scopes",
     "beetle_metrics_port": "metrics_port",
     "beetle_metrics_addr": "metrics_addr",
@@ -171,6 +172,9 @@ SETTING_DOCS: Mapping[str, str] = {
     "beetle_max_deferred_bytes": "the same bound on the deferred copies' body bytes",
     "beetle_unknown_task_grace": "how long an unknown task is handed back for a worker that "
     "knows it (a rolling deploy), seconds, before it is dead-lettered",
+    "beetle_claim_in_idle_pool": "a fresh delivery that finds a prefork process free goes to it "
+    "at once and is claimed there as the body begins (one Redis round trip before the body, "
+    "not two); False: the gate always claims first",
     "beetle_dedup_scopes": '`{queue: scope}` or `"q1=s1,q2=s2"`: the dedup scope of messages '
     "consumed from a queue (the old and new queue of a migration share one)",
     "beetle_metrics_port": "serve Prometheus metrics on this port from the worker's main process",
@@ -229,6 +233,7 @@ class BeetleSettings:
     max_deferred: int = 1_000
     max_deferred_bytes: int = 64 * 1024 * 1024
     unknown_task_grace_s: float = 600.0
+    claim_in_idle_pool: bool = True
     trace_dir: str | None = None
     #: ``{physical queue: dedup scope}`` (:mod:`kombu_beetle.scopes`)
     dedup_scopes: Mapping[str, str] = field(default_factory=dict)
@@ -281,6 +286,10 @@ class BeetleSettings:
                 _is_int(value) and value >= 0,
                 f"{name} must be an integer of at least 0, got {value!r}",
             )
+        _require(
+            isinstance(self.claim_in_idle_pool, bool),
+            f"claim_in_idle_pool must be True or False, got {self.claim_in_idle_pool!r}",
+        )
         _require(
             _is_int(self.attempts) and self.attempts >= 1,
             f"attempts must be an integer of at least 1 (the first run counts), "

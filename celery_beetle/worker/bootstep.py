@@ -198,6 +198,7 @@ class BeetleGateStep(bootsteps.StartStopStep):
             worker=getattr(c, "hostname", None),
             reads=reads,
             claims_for=self._claims_for(c) if claims else _no_claims,
+            pool_idle=_pool_idle(c) if settings.claim_in_idle_pool else _never,
             max_deferred=settings.max_deferred,
             max_deferred_bytes=settings.max_deferred_bytes,
             unknown_task_grace_ms=round(settings.unknown_task_grace_s * 1000),
@@ -399,3 +400,27 @@ def _record_unknown_task(app: Any, message: Any, name: str) -> None:
         app.backend.mark_as_failure(task_id, NotRegistered(name), request=request)
     except Exception as exc:
         logger.debug("beetle: cannot record unknown task %s: %r", task_id, exc)
+
+
+def _never() -> bool:
+    return False
+
+
+def _pool_idle(c: Any) -> Callable[[], bool]:
+    """``pool_idle`` for the gate: with a prefork pool, True while fewer requests are handed
+    to it (or on their way) than it has processes. Celery counts a request reserved from
+    the strategy's hand-over until its result is back, so a process is free for sure. Other
+    pools run the body on the worker's event loop or its threads: never (the gate claims)."""
+    from celery.concurrency.prefork import TaskPool
+    from celery.worker import state
+
+    pool = getattr(c, "pool", None)
+    if not isinstance(pool, TaskPool):
+        return _never
+    reserved = state.reserved_requests
+
+    def idle() -> bool:
+        return len(reserved) < pool.num_processes
+
+    return idle
+

@@ -222,6 +222,12 @@ class DeliveryGate(Holding, ClaimKeeping, StoreOutage, BadInputHandling):
     #: ``handing_back(message)``: True while its queue is handed back to its brokers (a
     #: queue migration: :mod:`celery_beetle.ops.handback_control`); requeued, not examined
     handing_back: Callable[[Any], bool] = field(default=lambda message: False)
+    #: ``pool_idle()``: True while a pool process is free for one more run. A fresh delivery
+    #: (not redelivered) then goes to the pool at once and the pool claims it as the body
+    #: begins (one round trip), instead of the gate's claim and then the pool's start (two
+    #: round trips in a row, before the body). With the pool busy, the gate claims as before,
+    #: so a delivery that waits for a process holds a reservation
+    pool_idle: Callable[[], bool] = field(default=lambda: False)
 
     def __post_init__(self) -> None:
         self.generation = 0
@@ -273,7 +279,8 @@ class DeliveryGate(Holding, ClaimKeeping, StoreOutage, BadInputHandling):
         message_id = properties.get("message_id")
         scope = scope_of(self.scopes, queue)
         info = message.delivery_info if message.delivery_info is not None else {}
-        if not info.pop(HELD_MARK, False):  # a held twin sent on was traced as it arrived
+        held = info.pop(HELD_MARK, False)
+        if not held:  # a held twin sent on was traced as it arrived
             self._trace("delivered", str(message_id or "")[:200], scope, task_name, message)
         if not message_id:
             return self._bad_input(message, queue, task_name, BadInput.NO_MESSAGE_ID.value, "")
@@ -295,7 +302,7 @@ class DeliveryGate(Holding, ClaimKeeping, StoreOutage, BadInputHandling):
         delivery = Delivery(message, task_name, facts, start, self.generation, size=size)
         if facts.expires_at_ms <= self.clock():
             return self._drop(delivery, "expired")
-        return self._examine(delivery)
+        return self._examine(delivery, fresh=not (held or info.get("redelivered")))
 
     def reset(self) -> None:
         """Forget every held delivery: the consumer's connection is going away, so they
@@ -316,7 +323,7 @@ class DeliveryGate(Holding, ClaimKeeping, StoreOutage, BadInputHandling):
 
     # -- the decision ------------------------------------------------------------------------
 
-    def _examine(self, d: Delivery) -> str:
+    def _examine(self, d: Delivery, fresh: bool = False) -> str:
         if self.handing_back(d.message):
             self.stats["given_back"] += 1
             requeue(d.message)
@@ -333,12 +340,24 @@ class DeliveryGate(Holding, ClaimKeeping, StoreOutage, BadInputHandling):
             self.stats["known_completed"] += 1
             return self._drop(d, "duplicate", status=Status.COMPLETED)
         if self.reads is not None:
+            if fresh and self._to_idle_pool(d):
+                return self._run(d)
             return self._read(d)
         try:
             decision = self.store.gate(d.facts)
         except Exception as exc:
             return self._trouble(d, exc)
         return self._decide(d, decision)
+
+    def _to_idle_pool(self, d: Delivery) -> bool:
+        """Whether ``d`` goes to the pool unclaimed, for the pool's claim (:attr:`pool_idle`):
+        a first delivery of a task the gate would claim, with a pool process free for it. A
+        redelivered copy, or one looked at again, is likelier a duplicate: the gate asks
+        Redis first, so that it takes no pool slot."""
+        if not self.pool_idle() or self.claims_for(d.message, d.task_name) is None:
+            return False
+        self.stats["to_idle_pool"] += 1
+        return True
 
     def _trouble(self, d: Delivery, exc: BaseException) -> str:
         """Reading ``d``'s record failed: park it and pause if the store is unavailable;

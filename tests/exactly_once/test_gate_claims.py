@@ -1,7 +1,10 @@
 """Runs on the gate's claim (the pool makes no round trip), on real brokers and Redis.
 
-The gate claims a delivery in its batch and stores the completion before the ack. These are
-the two places where that could go wrong, each run with the prefork pool:
+The gate claims a delivery in its batch and stores the completion before the ack, unless a
+prefork process is free for it: then the pool claims as the body begins
+(``beetle_claim_in_idle_pool``, on by default). The tests of the gate's claim turn that off,
+so that each delivery takes the gate's claim whether the pool is busy or not. These are the
+two places where the gate's claim could go wrong, each run with the prefork pool:
 
 - a delivery that waited in the pool longer than the gate's reservation, or its lease's
   margin, must not start on it (its time limit would end after it): the pool's start gives
@@ -16,10 +19,21 @@ from __future__ import annotations
 import json
 import time
 
+import redis
+
 from celery_beetle.store import RedisStore
 from celery_beetle.store.state import Status
 from tests.exactly_once.conftest import counts
 from tests.harness.waiting import wait_until
+
+
+#: the gate claims every delivery first, a pool process free or not
+GATE_CLAIMS = {"BEETLE_TEST_CONF": json.dumps({"beetle_claim_in_idle_pool": False})}
+
+
+def _evalsha_calls(redis_url: str) -> int:
+    stats = redis.Redis.from_url(redis_url).info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
 
 
 def _drained(brokers, queue: str = "celery") -> bool:
@@ -37,7 +51,7 @@ def test_a_delivery_that_waited_in_the_pool_starts_on_a_full_lease_and_runs_once
 ):
     options = {"timeout": 4}  # a 3.5 s time limit: a run may wait 0.5 s before it starts
     app = client(task_options=options)
-    worker = eo_worker(task_options=options, pool="prefork", concurrency=1)
+    worker = eo_worker(task_options=options, pool="prefork", concurrency=1, extra_env=GATE_CLAIMS)
     record = app.tasks["eo.record"]
     first = record.delay(0, 1.0)
     later = [record.delay(item) for item in (1, 2, 3)]  # wait in the pool behind it
@@ -57,7 +71,10 @@ def test_a_run_celery_fails_after_its_body_succeeded_is_completed_and_never_runs
 ):
     options = {"timeout": 2}
     app = client(task_options=options, backend=redis_url)
-    worker = eo_worker(task_options=options, pool="prefork", concurrency=1, backend=redis_url)
+    worker = eo_worker(
+        task_options=options, pool="prefork", concurrency=1, backend=redis_url,
+        extra_env=GATE_CLAIMS,
+    )  # fmt: skip
     result = app.tasks["eo.unencodable"].delay(7)
     assert wait_until(lambda: counts([worker])[7] == 1, timeout=20)
     assert wait_until(lambda: _drained(brokers), timeout=15)
@@ -72,7 +89,9 @@ def test_the_gates_completed_event_names_the_pool_process_that_started_the_run(
 ):
     traces = tmp_path / "trace"
     app = client()
-    worker = eo_worker(pool="prefork", concurrency=2, trace_dir=str(traces))
+    worker = eo_worker(
+        pool="prefork", concurrency=2, trace_dir=str(traces), extra_env=GATE_CLAIMS
+    )
     ids = {app.tasks["eo.record"].delay(item).id for item in range(6)}
     assert wait_until(lambda: len(counts([worker])) == 6, timeout=20)
     assert wait_until(lambda: _drained(brokers), timeout=15)
@@ -87,3 +106,45 @@ def test_the_gates_completed_event_names_the_pool_process_that_started_the_run(
                 runs.setdefault(key, []).append((event["pid"], event["attempt"]))
     for message_id in ids:
         assert runs[(message_id, "started")] == runs[(message_id, "completed")], message_id
+
+
+def test_a_copy_that_finds_a_process_free_is_claimed_in_the_pool_with_two_calls_a_pair(
+    brokers, redis_url, client, eo_worker
+):
+    """One after the other, each message finds a prefork process free: the gate hands it on
+    unclaimed, the pool claims it as the body begins and completes it, and the other copy
+    waits in the gate and is dropped with no call: two round trips a message, not three."""
+    app = client()
+    worker = eo_worker(pool="prefork", concurrency=2)
+    record = app.tasks["eo.record"]
+    record.delay(100)  # the scripts load, the pool's connections open
+    assert wait_until(lambda: counts([worker])[100] == 1, timeout=20)
+    assert wait_until(lambda: _drained(brokers), timeout=15)
+    before = _evalsha_calls(redis_url)
+    results = []
+    for item in range(5):
+        results.append(record.delay(item))
+        assert wait_until(lambda item=item: counts([worker])[item] == 1, timeout=20)
+        assert wait_until(lambda: _drained(brokers), timeout=15)
+    assert _evalsha_calls(redis_url) - before == 2 * 5, "a claim and a completion each"
+    assert counts([worker], "start") == {100: 1, **dict.fromkeys(range(5), 1)}
+    for result in results:
+        state = _record(redis_url, result.id)
+        assert state.status is Status.COMPLETED and state.attempts == 1, state
+
+
+def test_with_the_gate_claiming_first_a_pair_costs_three_calls(
+    brokers, redis_url, client, eo_worker
+):
+    app = client()
+    worker = eo_worker(pool="prefork", concurrency=2, extra_env=GATE_CLAIMS)
+    record = app.tasks["eo.record"]
+    record.delay(100)
+    assert wait_until(lambda: counts([worker])[100] == 1, timeout=20)
+    assert wait_until(lambda: _drained(brokers), timeout=15)
+    before = _evalsha_calls(redis_url)
+    for item in range(5):
+        record.delay(item)
+        assert wait_until(lambda item=item: counts([worker])[item] == 1, timeout=20)
+        assert wait_until(lambda: _drained(brokers), timeout=15)
+    assert _evalsha_calls(redis_url) - before == 3 * 5, "the gate's claim, the start, the completion"

@@ -421,3 +421,51 @@ def test_a_reservation_is_not_renewed_after_its_worker_let_it_go(h):
     h.calls.flush()
     assert "renew" not in h.calls.kinds
     assert h.store.claim(h.facts(), LIMITS, "another", 10_000).acquired  # ran out: free
+
+
+# -- a pool process free: the pool claims (one round trip before the body, not two) ----------
+
+
+def test_a_fresh_delivery_goes_unclaimed_to_an_idle_pool_and_its_twin_waits_without_a_call(h):
+    h.gate.pool_idle = lambda: True
+    first, twin = Message(broker="a"), Message(broker="b")
+    assert h.deliver(first) == "run"
+    assert h.deliver(twin) == "waiting"
+    assert h.calls.kinds == [], "no call from the gate: the pool claims as the body begins"
+    ((message, done),) = h.started
+    assert CLAIM_MARK not in message.headers[FACTS_HEADER]
+    assert not h.succeed(message, done), "the pool stored the completion: acked at once"
+    assert first.acks == 1 and twin.acks == 1
+    assert h.gate.stats["to_idle_pool"] == 1 and h.gate.stats["known_completed"] == 1
+
+
+def test_a_redelivered_copy_is_claimed_by_the_gate_even_with_a_pool_process_free(h):
+    h.gate.pool_idle = lambda: True
+    again = Message()
+    again.delivery_info["redelivered"] = True  # likelier a duplicate: no pool slot for it
+    assert h.deliver(again) == "reading"
+    assert h.calls.kinds == ["claim"]
+
+
+def test_with_every_pool_process_busy_the_gate_claims_first(h):
+    h.gate.pool_idle = lambda: False
+    assert h.deliver(Message()) == "reading"
+    assert h.calls.kinds == ["claim"]
+
+
+def test_a_copy_that_failed_in_an_idle_pool_goes_through_the_gate_when_looked_at_again(h):
+    h.gate.pool_idle = lambda: True
+    first, twin = Message(broker="a"), Message(broker="b")
+    h.deliver(first)
+    h.deliver(twin)
+    ((_, done),) = h.started
+    done()  # ended without a completion (the pool's claim found it locked elsewhere)
+    h.timer.advance()
+    assert h.calls.kinds == ["claim"], "the woken twin asks Redis, it is not sent unclaimed"
+
+
+def test_a_task_the_gate_would_not_claim_is_read_even_with_a_pool_process_free(h):
+    h.gate.pool_idle = lambda: True
+    h.gate.claims_for = lambda message, name: None  # an ETA task, a Redis Cluster
+    assert h.deliver(Message(headers={"eta": "2030-01-01T00:00:00"})) == "reading"
+    assert h.calls.kinds == ["read"]

@@ -12,16 +12,21 @@ worker killed with deliveries in its pool's queue leaves them to other copies wi
 reservation, their attempts unused. When the run succeeded the gate stores the completion
 (pipelined again) before it acks (:meth:`DeliveryGate.complete_before_ack`). A redundant
 pair then costs three calls (reserve, start, complete), the gate's two sharing round trips
-with others. Where the gate cannot claim (no event loop, a Redis Cluster, replicas to wait
-for, a task with an ETA) the call is a read and the pool claims and completes, as
+with others. A fresh delivery that finds a prefork process free
+(``beetle_claim_in_idle_pool``, :attr:`DeliveryGate.pool_idle`) skips the reservation: it
+will not wait, so there is nothing to keep away meanwhile, and the pool claims it as the
+body begins and completes it: two calls, and one round trip before the body instead of two.
+Where the gate cannot claim (no event loop, a Redis Cluster, replicas to wait for, a task
+with an ETA) the call is a read and the pool claims and completes, as
 :mod:`celery_beetle.worker.run` describes.
 
 =================  =====================================================================
 what it finds      what it does
 =================  =====================================================================
 nothing, a lease   **run**: hand the delivery to the task's strategy with the gate's lease
-that ran out, or   (or, after a read, for the pool to claim)
-a retry now due
+that ran out, or   (or, after a read, for the pool to claim). A fresh copy that finds a
+a retry now due    pool process free goes on unclaimed, before any call: the pool claims
+                   it as the body begins
 completed, failed  **duplicate**: ack and drop. A message seen completed (read, or run here:
                    :class:`~celery_beetle.task.BeetleRequest` marks a successful run)
                    is remembered for a minute, so its other copy is dropped without a read

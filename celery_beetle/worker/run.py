@@ -22,8 +22,9 @@ completion before it acks; two rules keep that safe:
   that does not encode, a result backend that raises): the main process would see a
   failure and ack without storing the completion.
 
-Otherwise (no gate claim: an ETA task, a Redis Cluster, replicas to wait for, the
-synchronous gate) the pool claims before the body and completes after it: two round trips.
+Otherwise (no gate claim: a delivery that found a prefork process free, an ETA task, a Redis
+Cluster, replicas to wait for, the synchronous gate) the pool claims before the body and
+completes after it: two round trips, one of them before the body.
 
 No error of the store's may end with the delivery acked while its outcome is not stored:
 

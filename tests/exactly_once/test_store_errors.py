@@ -9,6 +9,7 @@ server forget the Lua scripts; the store must load them again and carry on.
 
 from __future__ import annotations
 
+import json
 import time
 
 from celery_beetle.store import RedisStore
@@ -116,7 +117,13 @@ def test_a_start_the_store_refuses_hands_the_copy_back_and_it_runs_once_later(
     gate reserved wait for the only pool process: each such copy goes back unrun, its
     attempt unused, and runs once when the store takes writes again (``attempts=1``)."""
     defaults = {"timeout": 300, "attempts": 1, "exceptions": 0}
-    worker = eo_worker(redis=redis_own.url, pool="prefork", concurrency=1, task_options=defaults)
+    # the gate claims item 0 too (not the idle pool): its completion is then the gate's to
+    # store, and the pool process goes on to the next start while writes are refused
+    gate_claims = {"BEETLE_TEST_CONF": json.dumps({"beetle_claim_in_idle_pool": False})}
+    worker = eo_worker(
+        redis=redis_own.url, pool="prefork", concurrency=1, task_options=defaults,
+        extra_env=gate_claims,
+    )  # fmt: skip
     app = client(task_options=defaults)
     record = app.tasks["eo.record"]
     ids = {0: record.delay(0, 2.5).id}

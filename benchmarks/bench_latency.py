@@ -350,7 +350,9 @@ def main() -> None:
                     f"beetle/two copies {beetle[1] / twin[1]:.2f}"
                 )
                 if opts.gate_claims_too:
-                    gated = latency(both, server.url, BEETLE, rate, opts.tasks, tmp, gate_claims=True)
+                    gated = latency(
+                        both, server.url, BEETLE, rate, opts.tasks, tmp, gate_claims=True
+                    )
                     print(
                         f"  BeetleTask with the gate claiming first (beetle_claim_in_idle_pool "
                         f"off): p50 {gated[0]:.1f} ms p99 {gated[1]:.1f} ms; "

@@ -423,4 +423,3 @@ def _pool_idle(c: Any) -> Callable[[], bool]:
         return len(reserved) < pool.num_processes
 
     return idle
-

@@ -26,7 +26,6 @@ from celery_beetle.store.state import Status
 from tests.exactly_once.conftest import counts
 from tests.harness.waiting import wait_until
 
-
 #: the gate claims every delivery first, a pool process free or not
 GATE_CLAIMS = {"BEETLE_TEST_CONF": json.dumps({"beetle_claim_in_idle_pool": False})}
 
@@ -89,9 +88,7 @@ def test_the_gates_completed_event_names_the_pool_process_that_started_the_run(
 ):
     traces = tmp_path / "trace"
     app = client()
-    worker = eo_worker(
-        pool="prefork", concurrency=2, trace_dir=str(traces), extra_env=GATE_CLAIMS
-    )
+    worker = eo_worker(pool="prefork", concurrency=2, trace_dir=str(traces), extra_env=GATE_CLAIMS)
     ids = {app.tasks["eo.record"].delay(item).id for item in range(6)}
     assert wait_until(lambda: len(counts([worker])) == 6, timeout=20)
     assert wait_until(lambda: _drained(brokers), timeout=15)
@@ -147,4 +144,5 @@ def test_with_the_gate_claiming_first_a_pair_costs_three_calls(
         record.delay(item)
         assert wait_until(lambda item=item: counts([worker])[item] == 1, timeout=20)
         assert wait_until(lambda: _drained(brokers), timeout=15)
-    assert _evalsha_calls(redis_url) - before == 3 * 5, "the gate's claim, the start, the completion"
+    calls = _evalsha_calls(redis_url) - before
+    assert calls == 3 * 5, "the gate's claim, the start and the completion of each"

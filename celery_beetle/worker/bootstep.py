@@ -420,6 +420,7 @@ def _pool_idle(c: Any) -> Callable[[], bool]:
     reserved = state.reserved_requests
 
     def idle() -> bool:
-        return len(reserved) < pool.num_processes
+        processes = getattr(getattr(pool, "_pool", None), "_processes", None)  # None: stopped
+        return isinstance(processes, int) and len(reserved) < processes
 
     return idle

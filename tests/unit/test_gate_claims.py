@@ -469,3 +469,18 @@ def test_a_task_the_gate_would_not_claim_is_read_even_with_a_pool_process_free(h
     h.gate.claims_for = lambda message, name: None  # an ETA task, a Redis Cluster
     assert h.deliver(Message(headers={"eta": "2030-01-01T00:00:00"})) == "reading"
     assert h.calls.kinds == ["read"]
+
+
+def test_a_prefork_pool_being_restarted_counts_as_busy():
+    from celery.concurrency.prefork import TaskPool
+
+    from celery_beetle.worker.bootstep import _pool_idle
+
+    class Consumer:
+        pool = TaskPool.__new__(TaskPool)
+
+    Consumer.pool._pool = None  # stopped, or not started yet
+    idle = _pool_idle(Consumer())
+    assert idle() is False, "no process to take it: the gate claims first"
+    Consumer.pool._pool = type("Pool", (), {"_processes": 2})()
+    assert idle() is True

@@ -282,8 +282,8 @@ def main(argv: list[str] | None = None) -> int:
                 + (f"  (JVM {java / 2**20:,.0f} MB)" if java else "")
             )
             rows.append({"label": label, "events": n, "peak_rss": peak})
-        floor = _median(runs["floor"], "seconds")
         floors = {f: _median(runs[f], "seconds") for f in FLOORS}
+        floor = floors["floor"]
         print(
             "  floors: floor = Spark start + read of message_id and ts_ms; "
             "floor-all = of every field the audit reads "

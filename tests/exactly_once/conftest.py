@@ -84,6 +84,11 @@ class EoWorker(WorkerProcess):
         return [(e, int(i), int(p), float(t)) for e, i, p, t in (line.split() for line in lines)]
 
 
+#: ``extra_env`` of a worker whose gate claims every delivery first, a pool process free or
+#: not (``beetle_claim_in_idle_pool`` off): for tests of the gate's own claim
+GATE_CLAIMS = {"BEETLE_TEST_CONF": json.dumps({"beetle_claim_in_idle_pool": False})}
+
+
 def counts(workers: list[EoWorker], event: str = "done") -> Counter[int]:
     """How often each item had ``event``, over all workers."""
     return Counter(i for w in workers for e, i, _, _ in w.events() if e == event)

@@ -23,16 +23,30 @@ import redis
 
 from celery_beetle.store import RedisStore
 from celery_beetle.store.state import Status
-from tests.exactly_once.conftest import counts
+from tests.exactly_once.conftest import GATE_CLAIMS, counts
 from tests.harness.waiting import wait_until
-
-#: the gate claims every delivery first, a pool process free or not
-GATE_CLAIMS = {"BEETLE_TEST_CONF": json.dumps({"beetle_claim_in_idle_pool": False})}
 
 
 def _evalsha_calls(redis_url: str) -> int:
     stats = redis.Redis.from_url(redis_url).info("commandstats")
     return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def _calls_one_after_the_other(brokers, redis_url: str, app, worker) -> tuple[int, list]:
+    """The scripts' calls (``EVALSHA``) of 5 messages sent one after the other, each run and
+    both its copies gone before the next (after one to load the scripts and open the
+    pool's connections), and their results."""
+    record = app.tasks["eo.record"]
+    record.delay(100)
+    assert wait_until(lambda: counts([worker])[100] == 1, timeout=20)
+    assert wait_until(lambda: _drained(brokers), timeout=15)
+    before = _evalsha_calls(redis_url)
+    results = []
+    for item in range(5):
+        results.append(record.delay(item))
+        assert wait_until(lambda item=item: counts([worker])[item] == 1, timeout=20)
+        assert wait_until(lambda: _drained(brokers), timeout=15)
+    return _evalsha_calls(redis_url) - before, results
 
 
 def _drained(brokers, queue: str = "celery") -> bool:
@@ -111,19 +125,9 @@ def test_a_copy_that_finds_a_process_free_is_claimed_in_the_pool_with_two_calls_
     """One after the other, each message finds a prefork process free: the gate hands it on
     unclaimed, the pool claims it as the body begins and completes it, and the other copy
     waits in the gate and is dropped with no call: two round trips a message, not three."""
-    app = client()
     worker = eo_worker(pool="prefork", concurrency=2)
-    record = app.tasks["eo.record"]
-    record.delay(100)  # the scripts load, the pool's connections open
-    assert wait_until(lambda: counts([worker])[100] == 1, timeout=20)
-    assert wait_until(lambda: _drained(brokers), timeout=15)
-    before = _evalsha_calls(redis_url)
-    results = []
-    for item in range(5):
-        results.append(record.delay(item))
-        assert wait_until(lambda item=item: counts([worker])[item] == 1, timeout=20)
-        assert wait_until(lambda: _drained(brokers), timeout=15)
-    assert _evalsha_calls(redis_url) - before == 2 * 5, "a claim and a completion each"
+    calls, results = _calls_one_after_the_other(brokers, redis_url, client(), worker)
+    assert calls == 2 * 5, "a claim and a completion each"
     assert counts([worker], "start") == {100: 1, **dict.fromkeys(range(5), 1)}
     for result in results:
         state = _record(redis_url, result.id)
@@ -133,16 +137,6 @@ def test_a_copy_that_finds_a_process_free_is_claimed_in_the_pool_with_two_calls_
 def test_with_the_gate_claiming_first_a_pair_costs_three_calls(
     brokers, redis_url, client, eo_worker
 ):
-    app = client()
     worker = eo_worker(pool="prefork", concurrency=2, extra_env=GATE_CLAIMS)
-    record = app.tasks["eo.record"]
-    record.delay(100)
-    assert wait_until(lambda: counts([worker])[100] == 1, timeout=20)
-    assert wait_until(lambda: _drained(brokers), timeout=15)
-    before = _evalsha_calls(redis_url)
-    for item in range(5):
-        record.delay(item)
-        assert wait_until(lambda item=item: counts([worker])[item] == 1, timeout=20)
-        assert wait_until(lambda: _drained(brokers), timeout=15)
-    calls = _evalsha_calls(redis_url) - before
+    calls, _ = _calls_one_after_the_other(brokers, redis_url, client(), worker)
     assert calls == 3 * 5, "the gate's claim, the start and the completion of each"

@@ -9,12 +9,11 @@ server forget the Lua scripts; the store must load them again and carry on.
 
 from __future__ import annotations
 
-import json
 import time
 
 from celery_beetle.store import RedisStore
 from celery_beetle.store.state import Status
-from tests.exactly_once.conftest import counts
+from tests.exactly_once.conftest import GATE_CLAIMS, counts
 from tests.exactly_once.poison import celery_queue_empty, worker_restarted
 from tests.harness.redis_faults import refusing_writes
 from tests.harness.waiting import wait_until
@@ -119,10 +118,9 @@ def test_a_start_the_store_refuses_hands_the_copy_back_and_it_runs_once_later(
     defaults = {"timeout": 300, "attempts": 1, "exceptions": 0}
     # the gate claims item 0 too (not the idle pool): its completion is then the gate's to
     # store, and the pool process goes on to the next start while writes are refused
-    gate_claims = {"BEETLE_TEST_CONF": json.dumps({"beetle_claim_in_idle_pool": False})}
     worker = eo_worker(
         redis=redis_own.url, pool="prefork", concurrency=1, task_options=defaults,
-        extra_env=gate_claims,
+        extra_env=GATE_CLAIMS,
     )  # fmt: skip
     app = client(task_options=defaults)
     record = app.tasks["eo.record"]

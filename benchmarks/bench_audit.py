@@ -20,6 +20,7 @@ Usage::
     python -m benchmarks.bench_audit --events 10000000
     python -m benchmarks.bench_audit --events 1000000,10000000   # memory at two sizes
     python -m benchmarks.bench_audit --soak        # 100 M events (~30 GB): bounded memory
+    python -m benchmarks.bench_audit --stages      # ... and where the time went, per stage
 
 ``--soak`` runs the naive checker under an address-space cap (``--naive-memory-gb``) so that
 it fails with MemoryError instead of taking the machine down, and reports whether it did.
@@ -32,6 +33,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -39,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import spark_stages
 from benchmarks.gen_trace import generate, plan_for_events
 
 CHECKED = (
@@ -113,17 +116,27 @@ def _proc_tree_rss(pid: int) -> tuple[int, int]:
 
 
 def measure(
-    cmd: list[str], label: str, *, pythonpath: str | None = None, cap_bytes: int | None = None
+    cmd: list[str],
+    label: str,
+    *,
+    pythonpath: str | None = None,
+    cap_bytes: int | None = None,
+    event_log: Path | None = None,
 ) -> dict[str, Any]:
     """Run ``cmd``, sampling the memory of its process tree every 0.2 s.
 
     ``pythonpath`` puts another source tree first (the baseline) and runs the command in it:
     ``python -m`` puts the working directory ahead of PYTHONPATH, so a baseline started from
     this checkout would run this checkout's code. ``cap_bytes`` limits the process's address
-    space, so a checker that needs more fails instead of swapping.
+    space, so a checker that needs more fails instead of swapping. ``event_log`` turns Spark's
+    event log on, into that (emptied) directory (:mod:`benchmarks.spark_stages`).
     """
     first = pythonpath or os.getcwd()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([first, *sys.path[1:]])}
+    if event_log is not None:
+        shutil.rmtree(event_log, ignore_errors=True)
+        event_log.mkdir(parents=True)
+        env["PYSPARK_SUBMIT_ARGS"] = spark_stages.submit_args(event_log)
 
     def limit() -> None:
         if cap_bytes:
@@ -244,6 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", type=Path, help="source tree of the version to compare with")
     p.add_argument("--soak", action="store_true", help=f"{SOAK_EVENTS:,} events, bounded memory")
     p.add_argument("--naive-memory-gb", type=float, help="address-space cap of the naive run")
+    p.add_argument(
+        "--stages",
+        action="store_true",
+        help="Spark's event log on; print where the last floor-all and audit runs spent their time",
+    )
     a = p.parse_args(argv)
     if a.soak:
         a.naive_memory_gb = a.naive_memory_gb or 4.0
@@ -260,8 +278,13 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, list[dict[str, Any]]] = {}
         for k in range(a.repeat):
             for label, cmd, path in _commands(trace, a.dir / f"out-{events}", a):
+                log = a.dir / f"events-{label}" if a.stages and label != "naive" else None
                 r = measure(
-                    cmd, label, pythonpath=path, cap_bytes=cap if label == "naive" else None
+                    cmd,
+                    label,
+                    pythonpath=path,
+                    cap_bytes=cap if label == "naive" else None,
+                    event_log=log,
                 )
                 ok &= check(r, expected)
                 if label in ("before", "spark"):
@@ -302,6 +325,12 @@ def main(argv: list[str] | None = None) -> int:
                         steps.setdefault(k, []).append(v)
                 if steps:
                     print(f"  {label:<9} steps (median):{_steps(steps, median=True)}")
+        if a.stages:
+            for label in ("floor-all", "before", "spark"):
+                if label in runs:
+                    stages, length = spark_stages.read_log(a.dir / f"events-{label}")
+                    print(f"  {label}: Spark stages of its last run (s, MB)")
+                    print(spark_stages.render(stages, length))
         if "before" in runs:
             ratio = _median(runs["before"], "seconds") / _median(runs["spark"], "seconds")
             print(f"  before/after: x{ratio:.2f}")

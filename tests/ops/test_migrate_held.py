@@ -55,7 +55,7 @@ def _worker(brokers, redis_url, out: Path) -> WorkerProcess:
 
 def _held(brokers) -> tuple[int, int]:
     """(ready, unacked) of the queue over every broker, as the brokers count them now."""
-    depths = [n.queue_depths(brokers.vhost).get(QUEUE, (0, 0)) for n in brokers.nodes]
+    depths = [node.get(QUEUE, (0, 0)) for node in brokers.queue_depths()]
     return sum(d[0] for d in depths), sum(d[1] for d in depths)
 
 

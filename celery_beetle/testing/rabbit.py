@@ -391,6 +391,18 @@ class BrokerSet:
         chosen = [self.nodes[i] for i in indexes] if indexes else self.nodes
         return beetle_url([node.host_port for node in chosen], self.vhost)
 
+    def queue_depths(self, *indexes: int) -> list[dict[str, tuple[int, int]]]:
+        """Each node's `RabbitNode.queue_depths` in this vhost (the nodes at `indexes`, all
+        when none are given), in node order: exact, as each broker counts them now.
+
+        Asked of every node at once: each answer is a `rabbitmqctl` run (an Erlang VM that
+        takes about a second to boot), so three nodes answer in about the time of one and a
+        half instead of three. A node that cannot answer raises, as it would alone.
+        """
+        chosen = [self.nodes[i] for i in indexes] if indexes else self.nodes
+        with ThreadPoolExecutor(max_workers=len(chosen) or 1) as pool:
+            return list(pool.map(lambda node: node.queue_depths(self.vhost), chosen))
+
 
 def beetle_url(host_ports: list[str], vhost: str) -> str:
     """A beetle:// URL over any addresses, e.g. TcpProxy.host_port in front of some nodes."""

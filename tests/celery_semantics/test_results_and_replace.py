@@ -23,7 +23,7 @@ RESULT_TIMEOUT_S = 30
 
 def _queued(brokers) -> int:
     """Messages of the queue over every broker, ready or unacked."""
-    depths = [n.queue_depths(brokers.vhost).get("celery", (0, 0)) for n in brokers.nodes]
+    depths = [node.get("celery", (0, 0)) for node in brokers.queue_depths()]
     return sum(ready + unacked for ready, unacked in depths)
 
 
@@ -73,6 +73,6 @@ def test_a_dead_lettered_task_ends_its_callers_wait_with_failure_and_the_reason_
     assert result.state == "FAILURE"
     assert wait_until(lambda: _queued(brokers) == 0, timeout=20)
     assert beetle_semantics.runs() == Counter({"fail": 1})
-    dead = [n.queue_depths(brokers.vhost).get("celery.dead", (0, 0)) for n in brokers.nodes]
+    dead = [depths.get("celery.dead", (0, 0)) for depths in brokers.queue_depths()]
     assert sum(ready for ready, _ in dead) >= 1, dead
     assert beetle_semantics.worker_log().count("raised unexpected: ValueError('fail 7')") == 1

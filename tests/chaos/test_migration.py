@@ -112,7 +112,7 @@ def test_soak_migration_back_and_forth_under_load(
 
 
 def _dead_copies(brokers) -> int:
-    return sum(n.queue_depths(brokers.vhost).get(f"{QUEUE}.dead", (0, 0))[0] for n in brokers.nodes)
+    return sum(depths.get(f"{QUEUE}.dead", (0, 0))[0] for depths in brokers.queue_depths())
 
 
 def test_retries_pending_and_dead_letters_present_when_the_migration_starts(

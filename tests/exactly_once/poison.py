@@ -112,7 +112,7 @@ def publish_poison(node: Any, vhost: str, poison: Poison, item: int) -> str:
 
 def dead_letter_count(brokers: Any, queue: str = "celery.dead") -> int:
     """Messages in ``queue`` over all nodes (each copy of a dead letter), without taking them."""
-    return sum(sum(node.queue_depths(brokers.vhost).get(queue, (0, 0))) for node in brokers.nodes)
+    return sum(sum(depths.get(queue, (0, 0))) for depths in brokers.queue_depths())
 
 
 def death_of(headers: dict) -> tuple[Any, ...]:
@@ -129,8 +129,8 @@ def take_dead_letters(
     copies of one dead letter show as one)."""
     found: dict[str, list[dict]] = {}
     seen: set[tuple[Any, ...]] = set()
-    for node in brokers.nodes:
-        if queue in node.queue_depths(brokers.vhost):
+    for node, depths in zip(brokers.nodes, brokers.queue_depths(), strict=True):
+        if queue in depths:
             for _, properties, _ in node.get_messages(brokers.vhost, queue, ack=ack):
                 headers = properties.headers or {}
                 if death_of(headers) not in seen:
@@ -146,9 +146,7 @@ def stored_dead_letters(brokers: Any, queue: str = "celery.dead") -> int:
 
 def celery_queue_empty(brokers: Any, queue: str = "celery") -> bool:
     """Nothing ready or unacked in ``queue`` on any (running) node."""
-    return all(
-        node.queue_depths(brokers.vhost).get(queue, (0, 0)) == (0, 0) for node in brokers.nodes
-    )
+    return all(depths.get(queue, (0, 0)) == (0, 0) for depths in brokers.queue_depths())
 
 
 def worker_restarted(log: str) -> list[str]:

@@ -36,8 +36,8 @@ def _body(*args) -> bytes:
 
 def _dead_letters(brokers) -> dict[str, dict]:
     found = {}
-    for node in brokers.nodes:
-        if "celery.dead" in node.queue_depths(brokers.vhost):
+    for node, depths in zip(brokers.nodes, brokers.queue_depths(), strict=True):
+        if "celery.dead" in depths:
             for _, properties, _ in node.get_messages(brokers.vhost, "celery.dead"):
                 found[properties.headers["id"]] = properties.headers
     return found
@@ -72,8 +72,8 @@ def test_bad_input_is_dead_lettered_or_dropped_with_a_reason_and_the_worker_keep
     assert dead[unknown]["x-beetle-dead-reason"] == "unknown_task"
     assert dead[garbled]["x-beetle-dead-reason"] == "undecodable"
     assert len(dead) == 3, "the expired message is dropped, not dead-lettered"
-    for node in brokers.nodes:
-        assert node.queue_depths(brokers.vhost).get("celery", (0, 0)) == (0, 0)
+    for depths in brokers.queue_depths():
+        assert depths.get("celery", (0, 0)) == (0, 0)
 
 
 def test_both_copies_of_bad_input_give_one_dead_letter(brokers, client, eo_worker):
@@ -86,9 +86,7 @@ def test_both_copies_of_bad_input_give_one_dead_letter(brokers, client, eo_worke
     assert wait_until(lambda: counts([worker])[203] == 1, timeout=20)
 
     def drained() -> bool:
-        return all(
-            node.queue_depths(vhost).get("celery", (0, 0)) == (0, 0) for node in brokers.nodes
-        )
+        return all(depths.get("celery", (0, 0)) == (0, 0) for depths in brokers.queue_depths())
 
     assert wait_until(drained, timeout=10)
     dead = take_dead_letters(brokers)  # the two copies of one dead letter count once

@@ -11,8 +11,8 @@ from tests.harness.waiting import wait_until
 
 
 def _drained(brokers, queue: str = "celery") -> bool:
-    for node in brokers.nodes:
-        ready, unacked = node.queue_depths(brokers.vhost).get(queue, (0, 0))
+    for depths in brokers.queue_depths():
+        ready, unacked = depths.get(queue, (0, 0))
         if ready or unacked:
             return False
     return True
@@ -23,9 +23,7 @@ def test_second_copy_is_acked_without_running_when_first_completed(
 ):
     app = client()
     result = app.tasks["eo.record"].delay(1)
-    copies = sum(
-        node.queue_depths(brokers.vhost).get("celery", (0, 0))[0] for node in brokers.nodes
-    )
+    copies = sum(depths.get("celery", (0, 0))[0] for depths in brokers.queue_depths())
     assert copies == 2, "a BeetleTask message is published to two brokers"
     worker = eo_worker(pool="solo")
     assert wait_until(lambda: counts([worker])[1] == 1)
@@ -54,9 +52,7 @@ def test_plain_task_is_published_once_and_runs_once_without_redis(
 ):
     app = client()
     app.tasks["eo.plain"].delay(7)
-    copies = sum(
-        node.queue_depths(brokers.vhost).get("celery", (0, 0))[0] for node in brokers.nodes
-    )
+    copies = sum(depths.get("celery", (0, 0))[0] for depths in brokers.queue_depths())
     assert copies == 1
     worker = eo_worker()
     assert wait_until(lambda: counts([worker])[7] == 1)

@@ -41,7 +41,7 @@ def _unblock_dead_letters(brokers) -> None:
 
 
 def _held(brokers) -> int:
-    return sum(sum(n.queue_depths(brokers.vhost).get("celery", (0, 0))) for n in brokers.nodes)
+    return sum(sum(depths.get("celery", (0, 0))) for depths in brokers.queue_depths())
 
 
 def test_bad_input_whose_dead_letter_fails_stays_queued_until_it_is_stored_once(brokers, eo_worker):

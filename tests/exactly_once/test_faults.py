@@ -14,13 +14,9 @@ from tests.harness.waiting import wait_until
 
 
 def _drained(brokers, queue: str = "celery") -> bool:
-    for node in brokers.nodes:
-        if not node.is_running:
-            return False
-        ready, unacked = node.queue_depths(brokers.vhost).get(queue, (0, 0))
-        if ready or unacked:
-            return False
-    return True
+    if not all(node.is_running for node in brokers.nodes):
+        return False
+    return all(depths.get(queue, (0, 0)) == (0, 0) for depths in brokers.queue_depths())
 
 
 # The first two run on the pytest plugin's fixtures (celery_beetle.pytest_plugin), as a user's

@@ -50,9 +50,7 @@ def _calls_one_after_the_other(brokers, redis_url: str, app, worker) -> tuple[in
 
 
 def _drained(brokers, queue: str = "celery") -> bool:
-    return all(
-        node.queue_depths(brokers.vhost).get(queue, (1, 1)) == (0, 0) for node in brokers.nodes
-    )
+    return all(depths.get(queue, (1, 1)) == (0, 0) for depths in brokers.queue_depths())
 
 
 def _record(redis_url: str, task_id: str):

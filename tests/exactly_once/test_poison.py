@@ -105,7 +105,7 @@ def _wait_while_alive(worker, predicate, timeout: float = 25) -> bool:
 
 
 def _why(worker, brokers=None) -> str:
-    depths = [n.queue_depths(brokers.vhost) for n in brokers.nodes] if brokers else ""
+    depths = brokers.queue_depths() if brokers else ""
     return f"worker alive: {worker.alive()}, queues {depths}\n{worker.log_text()[-4000:]}"
 
 

@@ -25,7 +25,7 @@ PREFETCH = 8
 
 
 def _unacked(brokers, queue: str = "celery") -> list[int]:  # type: ignore[no-untyped-def]
-    return [n.queue_depths(brokers.vhost).get(queue, (0, 0))[1] for n in brokers.nodes]
+    return [depths.get(queue, (0, 0))[1] for depths in brokers.queue_depths()]
 
 
 @pytest.mark.parametrize("conf", [{}, QUORUM], ids=["classic", "quorum"])

@@ -12,7 +12,7 @@ QUORUM = {"task_default_queue_type": "quorum"}
 
 
 def _dead_copies(brokers) -> int:  # type: ignore[no-untyped-def]
-    return sum(n.queue_depths(brokers.vhost).get("celery.dead", (0, 0))[0] for n in brokers.nodes)
+    return sum(depths.get("celery.dead", (0, 0))[0] for depths in brokers.queue_depths())
 
 
 def test_beetle_workers_consume_a_quorum_queue_with_per_consumer_prefetch_and_run_once(

@@ -39,12 +39,12 @@ def broken_worker(eo_worker, tmp_path):  # type: ignore[no-untyped-def]
 
 def dead_letter_count(brokers) -> int:  # type: ignore[no-untyped-def]
     """Copies in ``celery.dead`` over all nodes (a worker's dead letter has two)."""
-    return sum(n.queue_depths(brokers.vhost).get("celery.dead", (0, 0))[0] for n in brokers.nodes)
+    return sum(depths.get("celery.dead", (0, 0))[0] for depths in brokers.queue_depths())
 
 
 def drained(brokers) -> bool:  # type: ignore[no-untyped-def]
     """Every copy published to ``celery`` was taken and acked (run or dropped)."""
-    return all(n.queue_depths(brokers.vhost).get("celery") == (0, 0) for n in brokers.nodes)
+    return all(depths.get("celery") == (0, 0) for depths in brokers.queue_depths())
 
 
 def give_up(app, worker, brokers, items):  # type: ignore[no-untyped-def]

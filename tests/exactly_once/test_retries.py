@@ -14,8 +14,8 @@ def _dead_letters(brokers, queue: str = "celery.dead") -> list:
     """Drain ``queue`` on every node: one (method, properties, body) per dead letter, its
     copies on two brokers counted once."""
     found, seen = [], set()
-    for node in brokers.nodes:
-        if queue in node.queue_depths(brokers.vhost):
+    for node, depths in zip(brokers.nodes, brokers.queue_depths(), strict=True):
+        if queue in depths:
             for message in node.get_messages(brokers.vhost, queue):
                 if death_of(message[1].headers) not in seen:
                     seen.add(death_of(message[1].headers))
@@ -106,9 +106,7 @@ def test_a_body_that_outlives_its_lease_in_the_solo_pool_keeps_it_and_runs_once(
 
 
 def _all_drained(brokers, queue: str = "celery") -> bool:
-    return all(
-        node.queue_depths(brokers.vhost).get(queue, (0, 0)) == (0, 0) for node in brokers.nodes
-    )
+    return all(depths.get(queue, (0, 0)) == (0, 0) for depths in brokers.queue_depths())
 
 
 def test_time_limits_derived_from_the_lease_stop_a_run_before_its_lease_ends(

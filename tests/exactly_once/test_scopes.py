@@ -17,8 +17,7 @@ from tests.harness.waiting import wait_until
 
 
 def _drained(brokers, queues: tuple[str, ...]) -> bool:
-    for node in brokers.nodes:
-        depths = node.queue_depths(brokers.vhost)
+    for depths in brokers.queue_depths():
         if any(sum(depths.get(queue, (0, 0))) for queue in queues):
             return False
     return True

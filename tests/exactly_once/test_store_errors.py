@@ -30,7 +30,7 @@ def _backend(redis_url: str) -> str:
 
 def _held(brokers, queue: str = "celery") -> int:
     """Copies still on the brokers, ready or unacked."""
-    return sum(sum(n.queue_depths(brokers.vhost).get(queue, (0, 0))) for n in brokers.nodes)
+    return sum(sum(depths.get(queue, (0, 0))) for depths in brokers.queue_depths())
 
 
 def _states(results) -> dict[str, int]:

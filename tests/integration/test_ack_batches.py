@@ -40,7 +40,7 @@ def _consumer_on_a_hub(brokers, connect, on_message):  # type: ignore[no-untyped
 
 
 def _depths(brokers) -> list[tuple[int, int]]:  # type: ignore[no-untyped-def]
-    return [n.queue_depths(brokers.vhost).get("jobs", (-1, -1)) for n in brokers.nodes[:2]]
+    return [depths.get("jobs", (-1, -1)) for depths in brokers.queue_depths(0, 1)]
 
 
 def test_acks_on_the_event_loop_settle_every_copy_in_fewer_writes_than_acks(brokers, connect):

@@ -50,7 +50,7 @@ def _consume_six(brokers, connect):  # type: ignore[no-untyped-def]
 
 
 def _settled(brokers) -> bool:  # type: ignore[no-untyped-def]
-    return all(n.queue_depths(brokers.vhost)["jobs"] == (0, 0) for n in brokers.nodes[:2])
+    return all(depths["jobs"] == (0, 0) for depths in brokers.queue_depths(0, 1))
 
 
 def test_a_refused_declaration_leaves_the_deliveries_a_consumer_holds_alone(brokers, connect):

@@ -61,6 +61,9 @@ def test_queue_depths_count_ready_and_unacked_messages(brokers: BrokerSet) -> No
         method, _, _ = connection.channel().basic_get("depths", auto_ack=False)
         assert method is not None
         assert node.queue_depths(brokers.vhost) == {"depths": (2, 1)}
+        # every node's at once, in node order (the one queue is on node 1 only)
+        assert brokers.queue_depths() == [{}, {"depths": (2, 1)}, {}]
+        assert brokers.queue_depths(1, 2) == [{"depths": (2, 1)}, {}]
     assert node.queue_depths(brokers.vhost) == {"depths": (3, 0)}  # requeued on close
 
 

@@ -13,7 +13,7 @@ QUEUE = Queue("work", Exchange("work", "direct"), "work")
 
 
 def depths(brokers, queue="work"):
-    return [node.queue_depths(brokers.vhost).get(queue, (0, 0))[0] for node in brokers.nodes]
+    return [depths.get(queue, (0, 0))[0] for depths in brokers.queue_depths()]
 
 
 def test_redundant_publish_lands_on_exactly_two_brokers(brokers, connect):
@@ -110,8 +110,8 @@ def test_primary_strategy_sends_every_plain_message_to_the_first_broker(brokers,
 def test_declarations_reach_every_broker(brokers, connect):
     conn = connect()
     QUEUE(conn.default_channel).declare()
-    for node in brokers.nodes:
-        assert "work" in node.queue_depths(brokers.vhost)
+    for depths in brokers.queue_depths():
+        assert "work" in depths
 
 
 def test_a_dead_broker_is_skipped_and_the_publish_still_gets_two_copies(brokers, connect):
@@ -121,7 +121,7 @@ def test_a_dead_broker_is_skipped_and_the_publish_still_gets_two_copies(brokers,
     brokers.nodes[0].kill()
     for i in range(10):
         producer.publish(i, exchange=QUEUE.exchange, routing_key="work", headers={FLAGS_HEADER: 1})
-    live = [node.queue_depths(brokers.vhost)["work"][0] for node in brokers.nodes[1:]]
+    live = [depths["work"][0] for depths in brokers.queue_depths(1, 2)]
     assert sum(live) >= 20  # both copies of every message on the two live brokers
 
 

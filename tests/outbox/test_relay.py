@@ -62,7 +62,7 @@ def test_bad_rows_are_set_aside_with_a_reason_and_the_rest_relayed(app, relay, b
     with engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(OUTBOX)).scalar_one() == 0
         assert conn.execute(sa.select(sa.func.count()).select_from(ASIDE)).scalar_one() == 3
-    depths = [node.queue_depths(brokers.vhost).get("celery", (0, 0))[0] for node in brokers.nodes]
+    depths = [node.get("celery", (0, 0))[0] for node in brokers.queue_depths()]
     assert sum(depths) == 6  # three messages, two copies each
 
 

@@ -102,7 +102,15 @@ def wait_given_back(
 class CeleryControl:
     """:class:`WorkerControl` through Celery's remote control on the same brokers.
     ``add_consumer`` is Celery's own (every worker obeys it); ``hand_back`` and ``consume``
-    are beetle's (``celery_beetle.install`` registers them on its workers)."""
+    are beetle's (``celery_beetle.install`` registers them on its workers).
+
+    A broadcast reaches every worker whatever its reply wait; the replies only name who
+    answered, and the migration's own check is the broker's (:func:`wait_given_back`). So once
+    some workers have answered, a broadcast stops waiting when as many have answered again
+    (Celery's ``limit``) instead of waiting out ``timeout_s`` each time: a migration asks a
+    dozen times or more, and waited about 2 s at each. A worker that stopped answering still
+    costs the whole ``timeout_s``, as before.
+    """
 
     def __init__(
         self,
@@ -117,6 +125,8 @@ class CeleryControl:
         self.app = Celery("beetle-migrate", broker=broker_url, set_as_current=False)
         self.app.conf.broker_transport_options = dict(transport_options or {})
         self.timeout_s = timeout_s
+        #: the workers that have answered any broadcast of this process
+        self.known: set[str] = set()
 
     def add_consumer(self, queue: str) -> list[str]:
         replies = self.app.control.add_consumer(
@@ -125,8 +135,9 @@ class CeleryControl:
             options={"durable": True, "auto_delete": False},
             reply=True,
             timeout=self.timeout_s,
+            limit=self._limit(),
         )
-        return _answered(replies)
+        return self._answered(replies)
 
     def hand_back(self, queue: str, resume_after_s: float) -> list[str]:
         return self._broadcast(
@@ -138,9 +149,23 @@ class CeleryControl:
 
     def _broadcast(self, command: str, arguments: dict[str, Any]) -> list[str]:
         replies = self.app.control.broadcast(
-            command, arguments=arguments, reply=True, timeout=self.timeout_s
+            command,
+            arguments=arguments,
+            reply=True,
+            timeout=self.timeout_s,
+            limit=self._limit(),
         )
-        return _answered(replies)
+        return self._answered(replies)
+
+    def _limit(self) -> int | None:
+        """Replies to wait for: as many workers as have answered before (None: all, until
+        ``timeout_s``)."""
+        return len(self.known) or None
+
+    def _answered(self, replies: Any) -> list[str]:
+        names = _answered(replies)
+        self.known.update(names)
+        return names
 
     def close(self) -> None:
         self.app.close()

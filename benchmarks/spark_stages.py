@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,6 @@ class Stage:
     shuffle_write_mb: float
     shuffle_read_mb: float
     spilled_mb: float
-    records: dict[str, int] = field(default_factory=dict)
 
 
 def _metric(acc: dict[str, Any], name: str) -> float:

@@ -137,7 +137,7 @@ class CeleryControl:
             timeout=self.timeout_s,
             limit=self._limit(),
         )
-        return self._answered(replies)
+        return self._remember(replies)
 
     def hand_back(self, queue: str, resume_after_s: float) -> list[str]:
         return self._broadcast(
@@ -155,14 +155,15 @@ class CeleryControl:
             timeout=self.timeout_s,
             limit=self._limit(),
         )
-        return self._answered(replies)
+        return self._remember(replies)
 
     def _limit(self) -> int | None:
         """Replies to wait for: as many workers as have answered before (None: all, until
         ``timeout_s``)."""
         return len(self.known) or None
 
-    def _answered(self, replies: Any) -> list[str]:
+    def _remember(self, replies: Any) -> list[str]:
+        """The workers that answered, added to :attr:`known`."""
         names = _answered(replies)
         self.known.update(names)
         return names

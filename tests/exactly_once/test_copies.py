@@ -7,15 +7,8 @@ import json
 import redis
 
 from tests.exactly_once.conftest import counts
+from tests.exactly_once.poison import celery_queue_empty
 from tests.harness.waiting import wait_until
-
-
-def _drained(brokers, queue: str = "celery") -> bool:
-    for depths in brokers.queue_depths():
-        ready, unacked = depths.get(queue, (0, 0))
-        if ready or unacked:
-            return False
-    return True
 
 
 def test_second_copy_is_acked_without_running_when_first_completed(
@@ -27,7 +20,7 @@ def test_second_copy_is_acked_without_running_when_first_completed(
     assert copies == 2, "a BeetleTask message is published to two brokers"
     worker = eo_worker(pool="solo")
     assert wait_until(lambda: counts([worker])[1] == 1)
-    assert wait_until(lambda: _drained(brokers)), "both copies are acked"
+    assert wait_until(lambda: celery_queue_empty(brokers)), "both copies are acked"
     assert counts([worker], "start") == {1: 1}
     key = f"beetle:{{celery:{result.id}}}"
     assert redis.Redis.from_url(redis_url, decode_responses=True).hget(key, "s") == "c"
@@ -42,7 +35,7 @@ def test_concurrent_copies_on_two_workers_run_once(brokers, client, eo_worker):
     for item in items:
         app.tasks["eo.record"].delay(item, 0.05)
     assert wait_until(lambda: set(counts([first, second])) == set(items), timeout=40)
-    assert wait_until(lambda: _drained(brokers), timeout=20)
+    assert wait_until(lambda: celery_queue_empty(brokers), timeout=20)
     assert counts([first, second], "start") == dict.fromkeys(items, 1)
     assert counts([first, second]) == dict.fromkeys(items, 1)
 
@@ -56,7 +49,7 @@ def test_plain_task_is_published_once_and_runs_once_without_redis(
     assert copies == 1
     worker = eo_worker()
     assert wait_until(lambda: counts([worker])[7] == 1)
-    assert wait_until(lambda: _drained(brokers))
+    assert wait_until(lambda: celery_queue_empty(brokers))
     assert counts([worker], "start") == {7: 1}
     assert redis.Redis.from_url(redis_url).dbsize() == 0
 

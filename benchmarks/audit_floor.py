@@ -14,8 +14,15 @@ names, so this decides how much of each line it parses):
 ``--fields audit``
     every field the audit reads (:data:`celery_beetle.audit.transforms.LINE_FIELDS`, that is
     all but ``task_id``, and the corrupt-record column): the one read the audit cannot avoid.
+``--fields group``
+    that read, then the least grouping any per-message audit needs: a message's events come
+    from different processes' files, so each event (its key, time and one number standing for
+    its other fields) crosses a shuffle and is counted per message, by Spark's own plan. It
+    sets the audit's work beyond the read, the shuffle and one compiled aggregation, on this
+    machine at this moment: what a two-core machine cannot spread out.
 
-Usage: ``python -m benchmarks.audit_floor TRACE_PATH... [--fields two|audit] [--driver-memory 2g]``
+Usage: ``python -m benchmarks.audit_floor TRACE_PATH... [--fields two|audit|group]
+[--driver-memory 2g]``
 """
 
 from __future__ import annotations
@@ -24,12 +31,13 @@ import argparse
 import json
 import sys
 import time
+from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("trace_path", nargs="+")
-    p.add_argument("--fields", choices=("two", "audit"), default="two")
+    p.add_argument("--fields", choices=("two", "audit", "group"), default="two")
     p.add_argument("--driver-memory", default="2g")
     a = p.parse_args(argv)
     t0 = time.perf_counter()
@@ -46,10 +54,39 @@ def main(argv: list[str] | None = None) -> int:
     if a.fields == "audit":  # a count of each: the reader must convert every one of them
         read = [*transforms.LINE_FIELDS, CORRUPT_COLUMN]
         aggs += [F.count(c) for c in read if c not in ("message_id", "ts_ms")]
-    row = raw.json(a.trace_path).agg(*aggs).first()
+    events = raw.json(a.trace_path)
+    if a.fields == "group":  # as many shuffle partitions as the audit's
+        partitions = job.shuffle_partitions_for(spark, a.trace_path)
+        spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+        row = _grouped(events).first()
+    else:
+        row = events.agg(*aggs).first()
     assert row is not None
-    print(json.dumps({"lines": row["n"], "session_s": round(session_s, 1), "fields": a.fields}))
+    out = {"lines": row["n"], "session_s": round(session_s, 1), "fields": a.fields}
+    if a.fields == "group":
+        out["messages"] = row["messages"]
+    print(json.dumps(out))
     return 0
+
+
+def _grouped(events: Any) -> Any:
+    """Events shuffled by message and counted per message; one row: lines and messages."""
+    from pyspark.sql import functions as F
+
+    from celery_beetle.audit import transforms
+    from celery_beetle.audit.schema import CORRUPT_COLUMN
+
+    key = ("queue", "message_id")
+    # every other field the audit reads folded into one number, so the reader converts each
+    # (a map cannot be hashed: its size stands for it)
+    rest = [c for c in (*transforms.LINE_FIELDS, CORRUPT_COLUMN) if c not in (*key, "ts_ms")]
+    folded = F.xxhash64(*[F.size(c) if c == "detail" else F.col(c) for c in rest])
+    per_message = events.groupBy(*key).agg(
+        F.count(F.lit(1)).alias("n"), F.min("ts_ms").alias("first"), F.bit_xor(folded).alias("h")
+    )
+    return per_message.agg(
+        F.sum("n").alias("n"), F.count(F.lit(1)).alias("messages"), F.max("first"), F.bit_xor("h")
+    )
 
 
 if __name__ == "__main__":

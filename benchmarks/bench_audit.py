@@ -5,12 +5,15 @@ time, events/s and peak resident memory of each (the naive process itself; for S
 whole ``beetle audit`` process tree, JVM included), and the ratios. Running two sizes shows
 how memory scales: the naive dict grows with the number of messages, Spark's heap is capped.
 
-Beside every audit it measures two floors (:mod:`benchmarks.audit_floor`: Spark started the
+Beside every audit it measures three floors (:mod:`benchmarks.audit_floor`: Spark started the
 same way plus one parsing read of the input): ``floor`` aggregates two fields of each line, so
 Spark's JSON reader skips converting the others; ``floor-all`` aggregates every field the audit
-reads, the read the audit cannot avoid. On a shared machine the audit's time beyond the floors
-and its ratios to them stay comparable when the load is not; the audit's own step timings
-(``timings_s`` of its summary) are printed too. ``--repeat`` runs everything several times,
+reads, the read the audit cannot avoid; ``floor-group`` adds to that read the least grouping
+any per-message audit needs (each event shuffled to its message and counted), so it shows
+how much of the audit's time beyond the read is the shuffle this machine cannot spread out.
+On a shared machine the audit's time beyond the floors and its ratios to them stay comparable
+when the load is not; the audit's own step timings (``timings_s`` of its summary) are printed
+too. ``--repeat`` runs everything several times,
 interleaved, and reports medians. ``--baseline DIR`` also audits with the source tree in DIR
 (``git archive <commit> | tar -x -C DIR``): before and after, in the same run.
 
@@ -59,8 +62,9 @@ CHECKED = (
 TARGET_S = 60.0
 SMALL_TARGET_S = 15.0
 SOAK_EVENTS = 100_000_000
-#: label -> ``audit_floor --fields``: the read of two fields, and of every field the audit reads
-FLOORS = {"floor": "two", "floor-all": "audit"}
+#: label -> ``audit_floor --fields``: the read of two fields, of every field the audit reads,
+#: and that read with each event shuffled to its message and counted (the least grouping)
+FLOORS = {"floor": "two", "floor-all": "audit", "floor-group": "group"}
 
 
 def _tree_rss(pid: int) -> tuple[int, int]:
@@ -260,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--stages",
         action="store_true",
-        help="Spark's event log on; print where the last floor-all and audit runs spent their time",
+        help="Spark's event log on; print where the last runs of the floors and the audit "
+        "spent their time",
     )
     a = p.parse_args(argv)
     if a.soak:
@@ -310,7 +315,9 @@ def main(argv: list[str] | None = None) -> int:
         print(
             "  floors: floor = Spark start + read of message_id and ts_ms; "
             "floor-all = of every field the audit reads "
-            f"(floor-all/floor x{floors['floor-all'] / floors['floor']:.2f})"
+            f"(floor-all/floor x{floors['floor-all'] / floors['floor']:.2f}); "
+            "floor-group = floor-all, each event shuffled to its message and counted "
+            f"(floor-group/floor x{floors['floor-group'] / floors['floor']:.2f})"
         )
         for label in ("before", "spark"):
             if label in runs:
@@ -326,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
                 if steps:
                     print(f"  {label:<9} steps (median):{_steps(steps, median=True)}")
         if a.stages:
-            for label in ("floor-all", "before", "spark"):
+            for label in ("floor-all", "floor-group", "before", "spark"):
                 if label in runs:
                     stages, length = spark_stages.read_log(a.dir / f"events-{label}")
                     print(f"  {label}: Spark stages of its last run (s, MB)")

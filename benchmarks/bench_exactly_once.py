@@ -109,6 +109,23 @@ def beetle(i: float) -> None:
     _note(i)
 
 
+_claims: Any = None
+
+
+@app.task(bind=True, name="bench.claimed")
+def claimed(self: Any, i: float) -> None:
+    """``bench.plain`` after one atomic claim in Redis (``SET NX PX``, one round trip from
+    the pool process): the least any deduplicating task does before its body, so
+    ``bench_latency``'s ceiling for a BeetleTask's latency."""
+    global _claims
+    if _claims is None:
+        import redis
+
+        _claims = redis.Redis.from_url(app.conf.beetle_redis_url)
+    _claims.set(f"bench:claim:{self.request.id}", 1, nx=True, px=60_000)
+    _note(i)
+
+
 class MemoryDedup(bootsteps.StartStopStep):
     """The ceiling of any deduplication: ``bench.plain`` delivered twice, the second copy
     acked in the main process on an in-memory set, no Redis, no claim. Only in the worker

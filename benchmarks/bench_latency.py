@@ -3,7 +3,10 @@
 **Latency**: publish-to-completion (the publisher stamps each task with the time it sent it;
 the body writes when it ran) of a BeetleTask over ``beetle://`` and two brokers, at 50 % and
 90 % of its own peak rate, beside a plain Celery task on ``pyamqp://`` and one broker at the
-same rates. The peak is measured first with the publisher sending as fast as it can
+same rates, and beside the least any deduplicating task can do at those rates: the two-copy
+path without dedup (a plain task on ``beetle://``, its second copy dropped in the transport
+from a memory set) with one atomic claim in Redis (``SET NX``, a round trip from the pool
+process) before the body. The peak is measured first with the publisher sending as fast as it can
 meanwhile, as it shares the machine's cores (the peak drained from a full queue, with the
 worker alone on them, is printed too). The publisher sends on a fixed schedule (open loop: a
 slow worker does not slow it down), from two threads with a connection each, so that a
@@ -51,7 +54,7 @@ from benchmarks.bench_exactly_once import ROOT, fill, run_worker
 from celery_beetle import BeetleTask
 from tests.harness.redis_server import RedisServer
 
-PLAIN, BEETLE = "bench.plain", "bench.beetle"
+PLAIN, BEETLE, CLAIMED = "bench.plain", "bench.beetle", "bench.claimed"
 
 
 @contextlib.contextmanager
@@ -127,10 +130,11 @@ def latency(
     With ``trace_dir``, publisher and worker write trace events there (:func:`breakdown`).
     ``twice``: a plain task published to both brokers of a ``beetle://`` URL, its second
     copy dropped in the transport from a memory set (the two-copy path with no dedup).
+    ``twice`` with ``bench.claimed``: that path with one ``SET NX`` in Redis before the body.
     ``gate_claims``: the gate claims every delivery first (``beetle_claim_in_idle_pool``
     off), a pool process free or not."""
     label = int(rate) if rate < math.inf else "max"
-    kind = "twice" if twice else task_name.split(".")[1]
+    kind = task_name.split(".")[1] if task_name == CLAIMED or not twice else "twice"
     queue = f"lat-{kind}-{label}-{time.monotonic_ns()}"
     out = tmp / f"{queue}.out"
     publish_url = f"{broker}?redundant_queues={queue}" if twice else broker
@@ -180,7 +184,7 @@ def latency(
     runs = _runs(out)
     served_rate = tasks / (max(ran for ran, _ in runs) - began)
     waits = sorted(ran - sent for ran, sent in runs[1 + tasks // 10 :])  # warmed up
-    GC_SEEN["twice" if twice else task_name] = _gc_line(stats)
+    GC_SEEN[kind] = _gc_line(stats)
     return _pct(waits, 0.5) * 1000, _pct(waits, 0.99) * 1000, sent_rate, served_rate
 
 
@@ -189,7 +193,7 @@ def latency(
 PUBLISHERS = 2
 #: ``--gc-freeze``: the workers freeze their start-up objects out of the collector
 GC_FREEZE = False
-#: the last run's garbage collections in the worker's main process, by task name
+#: the last run's garbage collections in the worker's main process, by the run's kind
 GC_SEEN: dict[str, str] = {}
 
 
@@ -338,6 +342,7 @@ def main() -> None:
                 rate = fraction * live[BEETLE]
                 plain = latency(single, server.url, PLAIN, rate, opts.tasks, tmp)
                 twin = latency(both, server.url, PLAIN, rate, opts.tasks, tmp, twice=True)
+                claim = latency(both, server.url, CLAIMED, rate, opts.tasks, tmp, twice=True)
                 beetle = latency(both, server.url, BEETLE, rate, opts.tasks, tmp)
                 print(
                     f"at {fraction:.0%} of BeetleTask's peak ({rate:.0f}/s; sent "
@@ -349,6 +354,12 @@ def main() -> None:
                     f"two copies/plain {twin[1] / plain[1]:.2f}, "
                     f"beetle/two copies {beetle[1] / twin[1]:.2f}"
                 )
+                print(
+                    f"  the ceiling, two copies and one claim (SET NX in Redis from the pool "
+                    f"before the body; sent {claim[2]:.0f}/s): p50 {claim[0]:.1f} ms "
+                    f"p99 {claim[1]:.1f} ms; its p99/plain {claim[1] / plain[1]:.2f}, "
+                    f"BeetleTask's p99/its {beetle[1] / claim[1]:.2f}"
+                )
                 if opts.gate_claims_too:
                     gated = latency(
                         both, server.url, BEETLE, rate, opts.tasks, tmp, gate_claims=True
@@ -358,9 +369,10 @@ def main() -> None:
                         f"off): p50 {gated[0]:.1f} ms p99 {gated[1]:.1f} ms; "
                         f"p99 /plain {gated[1] / plain[1]:.2f}"
                     )
-                print(f"  worker main process, plain {GC_SEEN.get(PLAIN)}")
+                print(f"  worker main process, plain {GC_SEEN.get('plain')}")
                 print(f"  worker main process, two copies {GC_SEEN.get('twice')}")
-                print(f"  worker main process, BeetleTask {GC_SEEN.get(BEETLE)}")
+                print(f"  worker main process, two copies and a claim {GC_SEEN.get('claimed')}")
+                print(f"  worker main process, BeetleTask {GC_SEEN.get('beetle')}")
             if opts.breakdown:
                 fraction = float(opts.rates.split(",")[0])
                 trace_dir = tmp / "trace"

@@ -17,9 +17,10 @@ names, so this decides how much of each line it parses):
 ``--fields group``
     that read, then the least grouping any per-message audit needs: a message's events come
     from different processes' files, so each event (its key, time and one number standing for
-    its other fields) crosses a shuffle and is counted per message, by Spark's own plan. It
-    sets the audit's work beyond the read, the shuffle and one compiled aggregation, on this
-    machine at this moment: what a two-core machine cannot spread out.
+    its other fields) crosses a shuffle and is counted per message, by Spark's own plan. The
+    audit's time beyond this floor is its own work (the facts it keeps per message, the
+    verdicts, the summary); the time between this floor and ``audit`` is the shuffle and one
+    compiled aggregation, which a cluster spreads over its executors and two cores cannot.
 
 Usage: ``python -m benchmarks.audit_floor TRACE_PATH... [--fields two|audit|group]
 [--driver-memory 2g]``

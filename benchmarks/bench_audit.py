@@ -13,9 +13,9 @@ any per-message audit needs (each event shuffled to its message and counted), so
 how much of the audit's time beyond the read is the shuffle this machine cannot spread out.
 On a shared machine the audit's time beyond the floors and its ratios to them stay comparable
 when the load is not; the audit's own step timings (``timings_s`` of its summary) are printed
-too. ``--repeat`` runs everything several times,
-interleaved, and reports medians. ``--baseline DIR`` also audits with the source tree in DIR
-(``git archive <commit> | tar -x -C DIR``): before and after, in the same run.
+too. ``--repeat`` runs everything several times, interleaved, and reports medians.
+``--baseline DIR`` also audits with the source tree in DIR (``git archive <commit> | tar -x
+-C DIR``): before and after, in the same run.
 
 Usage::
 

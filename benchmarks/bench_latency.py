@@ -6,8 +6,8 @@ the body writes when it ran) of a BeetleTask over ``beetle://`` and two brokers,
 same rates, and beside the least any deduplicating task can do at those rates: the two-copy
 path without dedup (a plain task on ``beetle://``, its second copy dropped in the transport
 from a memory set) with one atomic claim in Redis (``SET NX``, a round trip from the pool
-process) before the body. The peak is measured first with the publisher sending as fast as it can
-meanwhile, as it shares the machine's cores (the peak drained from a full queue, with the
+process) before the body. The peak is measured first with the publisher sending as fast as
+it can meanwhile, as it shares the machine's cores (the peak drained from a full queue, with the
 worker alone on them, is printed too). The publisher sends on a fixed schedule (open loop: a
 slow worker does not slow it down), from two threads with a connection each, so that a
 publisher waiting for its confirms does not lower the rate offered. Printed: p50, p99 and
@@ -134,7 +134,7 @@ def latency(
     ``gate_claims``: the gate claims every delivery first (``beetle_claim_in_idle_pool``
     off), a pool process free or not."""
     label = int(rate) if rate < math.inf else "max"
-    kind = task_name.split(".")[1] if task_name == CLAIMED or not twice else "twice"
+    kind = "twice" if twice and task_name != CLAIMED else task_name.split(".")[1]
     queue = f"lat-{kind}-{label}-{time.monotonic_ns()}"
     out = tmp / f"{queue}.out"
     publish_url = f"{broker}?redundant_queues={queue}" if twice else broker

@@ -174,6 +174,41 @@ def test_timeline_and_broker_table_from_numbers_equal_those_from_the_lists(spark
     assert {r["broker"] for r in expected[1]} == {A, B, "c:5672"}  # d:5672 was never seen
 
 
+def _random_runs(seed: int, messages: int) -> TraceBuilder:
+    """Messages with one or two runs, each started once or twice, finished or not, on one
+    or two worker processes, at random times a few seconds apart."""
+    import random
+
+    rng = random.Random(seed)
+    t = TraceBuilder()
+    for m in range(messages):
+        mid = f"r{m}"
+        t.published(mid, 10.0)
+        for run in range(rng.choice((1, 1, 2))):
+            worker, pid = rng.choice((("w1", 1), ("w1", 2), ("w2", 1))), rng.choice((1, 2))
+            kw = {"attempt": rng.choice((None, 1, 2)), "worker": worker[0], "pid": pid}
+            start = 11 + rng.random() * 4
+            for _ in range(rng.choice((1, 1, 2)) if run == 0 else 1):
+                t.ev("started", mid, start + rng.random() * 2, **kw)
+            if rng.random() < 0.8:
+                t.ev(rng.choice(("completed", "failed")), mid, start + rng.random() * 4, **kw)
+    return t
+
+
+def test_random_runs_get_the_facts_of_the_lists_when_judged_exactly(spark, tmp_path):
+    from celery_beetle.audit.names import Names
+
+    _random_runs(seed=7, messages=400).write(tmp_path / "trace")
+    names = Names(brokers=(A, B), tasks=("t.add",))
+    lists, numbers = _rows(spark, tmp_path / "trace", None), _rows(spark, tmp_path / "trace", names)
+    judged = [k for k in lists if k[0] and _exact(numbers, k)]
+    assert len(judged) >= 300
+    assert {numbers[k]["verdict"] for k in judged} >= {"duplicated", "completed_once"}
+    for key in judged:
+        mine, theirs = numbers[key], lists[key]
+        assert {k: mine[k] for k in COMPARED} == {k: theirs[k] for k in COMPARED}, key
+
+
 def test_names_are_sampled_from_the_head_and_the_tail_of_each_file(tmp_path):
     from celery_beetle.audit import names
 

@@ -51,6 +51,14 @@ def record(self, item: int, sleep_s: float = 0.0) -> int:
     return item
 
 
+@app.task(bind=True, name="it.record_early", acks_late=False)
+def record_early(self, item: int, sleep_s: float = 0.0) -> int:
+    """``it.record`` acked before it runs (Celery's default), writing its start too."""
+    with open(OUT, "a") as out:
+        out.write(f"-{item} started {os.getpid()}\n")
+    return record(item, sleep_s)
+
+
 @app.task(name="it.add")
 def add(x: int, y: int) -> int:
     return x + y

@@ -570,3 +570,22 @@ def test_a_keys_rows_are_published_in_the_order_of_their_ids(tmp_path: Path):
     assert published({"a1": 10, "a2": 20, "a3": 5}) == []  # another key is not held back
     assert published({"a1": 20, "a2": 10, "a3": 30}) == ["order"]
     assert published({"a2": 10}) == []  # a row never published: judged as lost elsewhere
+
+
+def test_a_solo_plain_task_killed_mid_body_may_run_again_and_only_then():
+    from celery_beetle.testing.explorer.ledger import Entry, Ledger
+
+    plain = Item(0, "plain")
+
+    def judged(pool: str, ends: list[tuple[float, int]]) -> list[str]:
+        # started in 99, SIGKILLed at 11 s, started again in 100 and returned
+        entry = Entry(starts=[(10.0, 99), (12.0, 100)], ends=[(12.5, 100), *ends])
+        ev = _evidence("k", plain, ledger=Ledger({"k": entry}), kills=[(11.0, {99})])
+        ev.faults["worker_kill"] = 1
+        return _judged(plain, ev, Settings(pool=pool))
+
+    # Celery's early ack waits on the loop, which the solo body holds: still unacked
+    assert judged("solo", []) == []
+    # elsewhere the ack went out as the body began; and a body that returned was acked
+    assert judged("prefork", []) == ["plain_twice"]
+    assert judged("solo", [(10.5, 99)]) == ["plain_twice"]

@@ -44,7 +44,9 @@ RULES: dict[str, str] = {
     "chain": "Celery's chain: the second task is published once the first succeeded, and "
     "never when it failed (each then runs once, as any BeetleTask)",
     "plain_twice": 'README: "a plain task: one broker, exactly as on pyamqp" (acked before '
-    "it runs: at most once, unless a broker's ack was lost with it)",
+    "it runs: at most once, unless a broker's ack was lost with it, or, under the solo pool, "
+    "its worker was SIGKILLed while the body ran: Celery sends the early ack from its event "
+    "loop, which the solo body holds; see limits.md)",
     # the draw's third version
     "retry": 'celery-features.md: "`self.retry()`: a new message, `<task id>:retry-N`, through '
     "beetle's delay queues\" (so each run of a retrying body is a message of its own, judged "

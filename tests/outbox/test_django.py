@@ -25,18 +25,26 @@ from tests.exactly_once.app import make_app
 django = pytest.importorskip("django")
 
 
+#: the database Django was set up with in this process: its settings are read once, so a
+#: second setup (this module's fixture made again, when pytest-xdist ran another module's
+#: tests between this one's) must use the same database
+_SET_UP: list[str] = []
+
+
 @pytest.fixture(scope="module")
 def django_db(postgres):
     """The test project set up against a fresh database, migrated; its URL."""
     from django.core.management import call_command
 
-    url = postgres.create_database(f"dj_{uuid.uuid4().hex[:12]}")
+    url = _SET_UP[0] if _SET_UP else postgres.create_database(f"dj_{uuid.uuid4().hex[:12]}")
     names = ("BEETLE_DJANGO_DB", "DJANGO_SETTINGS_MODULE")
     saved = {name: os.environ.get(name) for name in names}
     os.environ["BEETLE_DJANGO_DB"] = url.replace("postgresql+psycopg://", "postgresql://")
     os.environ["DJANGO_SETTINGS_MODULE"] = "tests.django_project.settings"
-    django.setup()
-    call_command("migrate", verbosity=0)
+    if not _SET_UP:
+        django.setup()
+        call_command("migrate", verbosity=0)
+        _SET_UP.append(url)
     try:
         yield url
     finally:

@@ -69,8 +69,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
+from billiard.exceptions import TimeLimitExceeded
 from celery import Task
 from celery.worker.request import Request
 
@@ -280,6 +282,7 @@ class BeetleRequest(Request):
     """
 
     _beetle_not_completed = False
+    _beetle_timed_out = False
 
     def on_failure(self, exc_info: Any, *args: Any, **kwargs: Any) -> Any:
         self._beetle_not_completed = True
@@ -291,6 +294,8 @@ class BeetleRequest(Request):
                 facts[HANDBACK_MARK] = exc.mark()
         elif isinstance(exc, Dropped):  # close Celery's received/started: not a run
             self.send_event(DROPPED_EVENT, reason=exc.reason)
+        elif isinstance(exc, TimeLimitExceeded):
+            return self._handing_back(super().on_failure, exc_info, *args, **kwargs)
         return super().on_failure(exc_info, *args, **kwargs)
 
     def on_retry(self, *args: Any, **kwargs: Any) -> Any:
@@ -298,9 +303,23 @@ class BeetleRequest(Request):
         return super().on_retry(*args, **kwargs)
 
     def on_timeout(self, soft: bool, timeout: float) -> Any:
-        if not soft:
-            self._beetle_not_completed = True
-        return super().on_timeout(soft, timeout)
+        if soft:
+            return super().on_timeout(soft, timeout)
+        self._beetle_not_completed = True
+        return self._handing_back(super().on_timeout, soft, timeout)
+
+    def _handing_back(self, handler: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run Celery's ``handler`` of a hard time limit with its ack made a hand-back.
+
+        Celery before 5.7 has no ``acks_on_timeout`` and acks a body its hard time limit
+        ended, so a message with no twin would be gone. The copy goes back to its queue
+        instead, as on Celery 5.7, for the next claim to decide (a retry or a dead letter).
+        """
+        self._beetle_timed_out = True
+        try:
+            return handler(*args, **kwargs)
+        finally:
+            self._beetle_timed_out = False
 
     def _announce_revoked(self, *args: Any, **kwargs: Any) -> Any:
         # expired or revoked: decided here, once. Celery stores REVOKED and acks; the mark
@@ -313,6 +332,9 @@ class BeetleRequest(Request):
         return super()._announce_revoked(*args, **kwargs)
 
     def acknowledge(self) -> None:
+        if self._beetle_timed_out:  # see on_timeout
+            self.reject(requeue=True)
+            return
         # an early ack (acks_late turned off) comes before the run: it proves nothing
         if completed_on_the_loop(self.id):
             pass  # the run (solo, gevent, eventlet) stored its completion itself

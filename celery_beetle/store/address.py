@@ -37,7 +37,14 @@ from redis.sentinel import Sentinel
 
 from kombu_beetle.urls import mask_url, parse_host_port
 
-__all__ = ["EXPECTED_URL_FORMS", "TLS_OPTIONS", "StoreAddress", "connect", "parse_store_url"]
+__all__ = [
+    "EXPECTED_URL_FORMS",
+    "TLS_OPTIONS",
+    "StoreAddress",
+    "connect",
+    "parse_store_url",
+    "pooled_connection",
+]
 
 EXPECTED_URL_FORMS = (
     "redis://[[user]:password@]host[:port][/db], "
@@ -205,3 +212,15 @@ def connect(url: str, **client_kwargs: Any) -> Any:
     )
     assert address.service_name is not None
     return sentinel.master_for(address.service_name, db=address.db, **kwargs)
+
+
+#: redis-py before 5.3 requires a command name in ``ConnectionPool.get_connection`` (any name
+#: will do); from 5.3 on, passing one is deprecated
+_POOL_WANTS_COMMAND_NAME = tuple(int(part) for part in redis.__version__.split(".")[:2]) < (5, 3)
+
+
+def pooled_connection(pool: Any) -> Any:
+    """A connection taken from redis-py's ``pool``, on every redis-py the project supports."""
+    if _POOL_WANTS_COMMAND_NAME:
+        return pool.get_connection("PING")
+    return pool.get_connection()

@@ -36,6 +36,7 @@ from typing import Any
 
 import redis
 
+from celery_beetle.store.address import pooled_connection
 from celery_beetle.store.redis import ScriptCall, decoded, first_record
 from celery_beetle.store.state import FIELDS, MessageFacts, State
 
@@ -169,7 +170,7 @@ class PipelinedReads:
 
     def _connect(self) -> Any:
         if self._connection is None:
-            connection = self.store.client.connection_pool.get_connection()
+            connection = pooled_connection(self.store.client.connection_pool)
             try:
                 connection.connect()
                 fd = connection._sock.fileno()

@@ -111,6 +111,21 @@ def make_app(
         def record(item: int, sleep_s: float = 0.0) -> int:
             return record_body(item, sleep_s)
 
+    @app.task(base=BeetleTask, name="eo.stubborn", shared=False, **options)
+    def stubborn(item: int, sleep_s: float) -> int:
+        """Sleeps ``sleep_s`` whatever its soft time limit says: only the hard one ends it."""
+        from celery.exceptions import SoftTimeLimitExceeded
+
+        note("start", item)
+        deadline = time.monotonic() + sleep_s
+        while time.monotonic() < deadline:
+            try:
+                time.sleep(deadline - time.monotonic())
+            except SoftTimeLimitExceeded:
+                pass
+        note("done", item)
+        return item
+
     @app.task(base=BeetleTask, name="eo.flaky", shared=False, **options)
     def flaky(item: int) -> None:
         note("start", item)

@@ -268,7 +268,9 @@ def test_app_wide_ack_settings_reach_plain_tasks_but_not_beetle_tasks():
 
     assert (charge.acks_late, charge.acks_on_failure, charge.acks_on_timeout) == (True, True, False)
     assert charge.reject_on_worker_lost and not charge.retry_on_worker_lost
-    assert (mail.acks_late, mail.acks_on_failure) == (False, False)
+    # Celery 5.7 splits acks_on_failure_or_timeout into acks_on_failure and acks_on_timeout
+    assert (mail.acks_late, mail.acks_on_failure_or_timeout) == (False, False)
+    assert getattr(mail, "acks_on_failure", False) is False
 
 
 def test_acks_late_false_is_accepted_on_a_beetle_task():

@@ -30,7 +30,7 @@ the worker, the task and the operator's wings; :func:`install` assembles them
 
 :May import: ``kombu_beetle``, ``celery_beetle._moved``, ``celery_beetle.settings``,
     ``celery_beetle.task``, ``celery_beetle.censor``, ``celery_beetle.worker``,
-    ``celery_beetle.ops``
+    ``celery_beetle.ops``, ``celery_beetle.versions``
 """
 
 from __future__ import annotations
@@ -70,9 +70,18 @@ def install(app: Any) -> Any:
     With ``beetle_trace_dir`` set (before this call) and a ``beetle://`` broker, publishers
     trace too (the transport's ``trace_dir`` option), so the audit sees both ends;
     ``beetle_dedup_scopes`` goes to the transport's ``dedup_scopes`` likewise, so that both
-    ends name a message by the same scope. Calling it twice is harmless.
+    ends name a message by the same scope. Calling it twice is harmless. A dependency older
+    than beetle's floor (:data:`celery_beetle.versions.FLOORS`) stops it with an error that
+    names the package.
     """
+    from celery.exceptions import ImproperlyConfigured
     from celery.signals import worker_process_shutdown
+
+    from celery_beetle.versions import below_floor
+
+    too_old = below_floor()
+    if too_old:
+        raise ImproperlyConfigured("celery_beetle: " + "; ".join(too_old))
 
     import kombu_beetle  # noqa: F401  (registers beetle://)
     from celery_beetle.censor import hide_secret_settings

@@ -94,6 +94,9 @@ def spark() -> Iterator[Any]:
         _server_missing("pyspark")
     if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
         _server_missing("a Java runtime (java on PATH or JAVA_HOME)")
+    from celery_beetle.audit import quiet
+
+    quiet.local_environment()  # the Python workers on this interpreter, as the audit's own
     session = (
         SparkSession.builder.master("local[2]")
         .appName("beetle-tests")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,8 +41,10 @@ def java_options() -> str:
 
 
 def local_environment() -> None:
-    """A local run binds to the loopback unless the user chose an address."""
+    """A local run binds to the loopback, and runs its Python workers on the driver's own
+    interpreter (Spark refuses workers of another Python version), unless the user chose."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 
 def is_noise(line: str) -> bool:

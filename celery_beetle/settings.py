@@ -29,6 +29,10 @@ Read from the Celery app's configuration (``app.conf``):
                                 worker's main process (unset: none; see
                                 :mod:`celery_beetle.metrics`)
 ``beetle_metrics_addr``         the address to serve them on (``0.0.0.0``)
+``beetle_delivery_renewal``     a delivery a quorum queue has counted this often
+                                (``x-delivery-count``) is replaced by a fresh copy
+                                on its broker, so no ``delivery-limit`` drops it
+                                (10; 0: never)
 ==============================  =====================================================
 
 ``beetle_dead_letter_retention``: how long the record of a message given up (its dead letter
@@ -106,6 +110,7 @@ _APP_OPTIONS: Mapping[str, str] = {
     "beetle_max_deferred": "max_deferred",
     "beetle_max_deferred_bytes": "max_deferred_bytes",
     "beetle_unknown_task_grace": "unknown_task_grace_s",
+    "beetle_delivery_renewal": "delivery_renewal",
     "beetle_claim_in_idle_pool": "claim_in_idle_pool",
     "beetle_dedup_scopes": "dedup_scopes",
     "beetle_metrics_port": "metrics_port",
@@ -172,6 +177,9 @@ SETTING_DOCS: Mapping[str, str] = {
     "beetle_max_deferred_bytes": "the same bound on the deferred copies' body bytes",
     "beetle_unknown_task_grace": "how long an unknown task is handed back for a worker that "
     "knows it (a rolling deploy), seconds, before it is dead-lettered",
+    "beetle_delivery_renewal": "a delivery whose quorum queue has counted this many "
+    "deliveries of it (`x-delivery-count`) is replaced by a fresh copy on the same broker, so "
+    "no queue's `delivery-limit` (20 by default from RabbitMQ 4.0) drops it; 0: never",
     "beetle_claim_in_idle_pool": "a fresh delivery that finds a prefork process free goes to it "
     "at once and is claimed there as the body begins (one Redis round trip before the body, "
     "not two); False: the gate always claims first",
@@ -233,6 +241,7 @@ class BeetleSettings:
     max_deferred: int = 1_000
     max_deferred_bytes: int = 64 * 1024 * 1024
     unknown_task_grace_s: float = 600.0
+    delivery_renewal: int = 10
     claim_in_idle_pool: bool = True
     trace_dir: str | None = None
     #: ``{physical queue: dedup scope}`` (:mod:`kombu_beetle.scopes`)
@@ -280,7 +289,7 @@ class BeetleSettings:
             self.unknown_task_grace_s >= 0,
             f"unknown_task_grace_s must be 0 or more seconds, got {self.unknown_task_grace_s!r}",
         )
-        for name in ("max_deferred", "max_deferred_bytes"):
+        for name in ("max_deferred", "max_deferred_bytes", "delivery_renewal"):
             value = getattr(self, name)
             _require(
                 _is_int(value) and value >= 0,

@@ -16,6 +16,7 @@ the main process
 ``outage``              the gate while Redis is unavailable: parked, probing, resuming
 ``bad_input``           deliveries the gate cannot run: bad input, unknown tasks
 ``handback``            requeueing a delivery after a backoff, never acking it
+``renewal``             a delivery a quorum queue counted often, replaced by a fresh copy
 ``metrics``             the gate's counts, read when Prometheus scrapes
 ``quorum``              what Celery does for quorum queues, and what beetle turns off
 the pool

@@ -34,8 +34,10 @@ from celery_beetle.worker.facts import FACTS_HEADER, HANDBACK_MARK, InvalidHeade
 from celery_beetle.worker.gate import DeliveryGate
 from celery_beetle.worker.gate_reads import pipelined_reads_for
 from celery_beetle.worker.metrics import GateCollector
+from celery_beetle.worker.renewal import DeliveryRenewal
 from celery_beetle.worker.retry_queue import RawMessage
 from celery_beetle.worker.run import is_beetle_task
+from kombu_beetle.renewal import SameBrokerPublisher
 from kombu_beetle.trace import get_tracer
 
 __all__ = ["BeetleGateStep", "load_settings"]
@@ -73,6 +75,8 @@ class BeetleGateStep(bootsteps.StartStopStep):
         self.store: RedisStore | None = None
         self.probe: RedisProbe | None = None
         self.gate: DeliveryGate | None = None
+        self.renewal: DeliveryRenewal | None = None
+        self.renewal_publisher = SameBrokerPublisher()
         self.queue_names: dict[str, str] = {}
         #: the gate's id in the store (a bad input's dead letter is owed by it)
         self.owner = f"gate@{getattr(c, 'hostname', None) or socket.gethostname()}:{os.getpid()}"
@@ -89,12 +93,15 @@ class BeetleGateStep(bootsteps.StartStopStep):
         if self.settings.metrics_port is not None and self.metrics_server is None:
             self.metrics_server = self._serve_metrics()
         self.queue_names = {}
+        self.renewal = self._renewal(c)
         gated = []
         for name, task in c.app.tasks.items():
             strategy = c.strategies.get(name)
             if strategy is not None and is_beetle_task(task):
                 if not getattr(strategy, "beetle_gated", False):
-                    c.strategies[name] = gated_strategy(strategy, name, self.gate, c)
+                    c.strategies[name] = gated_strategy(
+                        strategy, name, self.gate, c, lambda: self.renewal
+                    )
                 gated.append(name)
         self._filter_twins(c, frozenset(gated))
         if "on_unknown_task" not in vars(c):
@@ -125,6 +132,14 @@ class BeetleGateStep(bootsteps.StartStopStep):
 
         connection.delivery_filter = hold_twin
 
+    def _renewal(self, c: Any) -> DeliveryRenewal | None:
+        """Renewal of deliveries a quorum queue counted often (``beetle://`` only: it
+        publishes each copy on the broker that delivered it)."""
+        connection = getattr(getattr(c, "connection", None), "_connection", None)
+        if connection is None or not hasattr(connection, "delivery_filter"):
+            return None
+        return DeliveryRenewal(self.settings.delivery_renewal, self.renewal_publisher.publish_again)
+
     def _serve_metrics(self) -> Any:
         port, addr = self.settings.metrics_port, self.settings.metrics_addr
         assert port is not None
@@ -142,7 +157,7 @@ class BeetleGateStep(bootsteps.StartStopStep):
 
     def shutdown(self, c: Any) -> None:
         self.stop(c)
-        for closable in (self.store, self.probe):
+        for closable in (self.store, self.probe, self.renewal_publisher):
             if closable is not None:
                 try:
                     closable.close()
@@ -301,9 +316,17 @@ class BeetleGateStep(bootsteps.StartStopStep):
         return on_unknown_task
 
 
-def gated_strategy(strategy: Any, task_name: str, gate: DeliveryGate, consumer: Any) -> Any:
+def gated_strategy(
+    strategy: Any,
+    task_name: str,
+    gate: DeliveryGate,
+    consumer: Any,
+    renewal: Callable[[], DeliveryRenewal | None] = lambda: None,
+) -> Any:
     """``strategy`` behind the gate. Errors Celery's message handler would catch around a
-    strategy call are caught here, because a deferred delivery starts from a timer."""
+    strategy call are caught here, because a deferred delivery starts from a timer. A
+    delivery its queue counted often is first replaced by a fresh copy (``renewal()``:
+    :mod:`celery_beetle.worker.renewal`)."""
 
     def beetle_strategy(
         message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kwargs: Any
@@ -347,6 +370,9 @@ def gated_strategy(strategy: Any, task_name: str, gate: DeliveryGate, consumer: 
                 done()
                 gate.hand_back(message)
 
+        renewing = renewal()
+        if renewing is not None and renewing.renewed(message, gate.queue_of(message)):
+            return
         gate.handle(message, task_name, start)
 
     beetle_strategy.beetle_gated = True  # type: ignore[attr-defined]

@@ -26,10 +26,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DELIVERY_COUNT_HEADER", "HandBacks", "ack", "channel_open", "delivery_count", "requeue"]
+from kombu_beetle.renewal import DELIVERY_COUNT_HEADER, delivery_count
 
-#: set by quorum queues on a redelivered message: how often the broker delivered it before
-DELIVERY_COUNT_HEADER = "x-delivery-count"
+__all__ = ["DELIVERY_COUNT_HEADER", "HandBacks", "ack", "channel_open", "delivery_count", "requeue"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,13 +74,6 @@ class HandBacks:
         """Requeue ``message`` after ``delay_s``, or the backoff of ``key``."""
         delay = self.delay_for(key, message) if delay_s is None else max(delay_s, 0.1)
         self.call_later(delay, lambda: requeue(message))
-
-
-def delivery_count(message: Any) -> int | None:
-    """The broker's ``x-delivery-count`` of ``message`` (quorum queues), or None."""
-    headers = getattr(message, "headers", None) or {}
-    value = headers.get(DELIVERY_COUNT_HEADER) if isinstance(headers, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def ack(message: Any) -> None:

@@ -78,6 +78,7 @@ from celery_beetle.ops.migration_state import (
     StateStore,
 )
 from celery_beetle.ops.mover import BrokerSession, open_session
+from celery_beetle.ops.policies import QUORUM_LIMITS_NOTE
 from kombu_beetle.options import BeetleOptions
 
 __all__ = [
@@ -216,6 +217,8 @@ class Migrator:
             f"arguments and its bindings, move back; workers consume {state.queue} again",
             f"  3. workers hand back {state.temp}; it is emptied into {state.queue} and deleted",
         ]
+        if state.arguments.get("x-queue-type") == "quorum":
+            lines.append(QUORUM_LIMITS_NOTE.format(queue=state.queue))
         return "\n".join(lines)
 
     # -- running -----------------------------------------------------------------------------

@@ -185,6 +185,19 @@ class PolicyConfig:
         return hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:16]
 
 
+#: what a quorum queue's delivery limit and the broker's consumer timeout do to beetle's
+#: messages, said by ``beetle queues plan`` and ``migrate``
+QUORUM_LIMITS_NOTE = (
+    "  quorum queue {queue!r}: the broker counts deliveries against its delivery-limit "
+    "(RabbitMQ 4: 20 unless a policy says otherwise; 3.x: none) and past it drops the "
+    "message, unless a policy dead-letters it (beetle's send it to {queue}.dead). Workers "
+    "replace a delivery counted 10 times by a fresh copy (beetle_delivery_renewal), so "
+    "hand-backs, restarts and consumer timeouts (a channel holding a delivery past the "
+    "broker's consumer_timeout, 30 min by default, is closed and gives it back counted "
+    "once more) never reach it"
+)
+
+
 def policy_name(queue: str) -> str:
     return POLICY_PREFIX + queue
 
@@ -276,7 +289,20 @@ def plan_broker(
         if dead not in queue_info:
             changes.append(Change(broker, "declare", dead, {"durable": True}))
         drift += _drift(broker, queue, wanted, queue_info.get(queue), policies, config)
+        drift += _quorum_limits(broker, queue, queue_info.get(queue), config)
     return changes, drift
+
+
+def _quorum_limits(
+    broker: str, queue: str, info: Mapping[str, Any] | None, config: PolicyConfig
+) -> list[Drift]:
+    """What a quorum queue's delivery limit and the consumer timeout mean here, when the
+    configuration leaves the limit to the broker."""
+    if info is None or info.get("type") != "quorum":
+        return []
+    if config.properties(queue).delivery_limit is not None:
+        return []
+    return [Drift(broker, queue, QUORUM_LIMITS_NOTE.format(queue=queue).strip())]
 
 
 def _drift(

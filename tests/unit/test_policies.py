@@ -99,3 +99,15 @@ def test_an_unreachable_fleet_lock_skips_the_round_instead_of_failing():
             raise redis.ConnectionError("refused")
 
     assert FleetLock(Down(), "k", 1000).acquire("w1") is False
+
+
+def test_plan_says_what_rabbitmq_4s_delivery_limit_does_to_a_quorum_queue_left_to_the_broker():
+    config = PolicyConfig.from_mapping({})
+    quorum = [{"name": "q", "type": "quorum", "arguments": {"x-queue-type": "quorum"}}]
+    _, drift = plan_broker("b1", ["q"], config, [], quorum)
+    (note,) = [d.message for d in drift]
+    assert "RabbitMQ 4: 20" in note and "q.dead" in note and "consumer_timeout" in note
+    limited = PolicyConfig.from_mapping({"default": {"delivery_limit": 50}})
+    assert plan_broker("b1", ["q"], limited, [], quorum)[1] == []
+    classic = [{"name": "q", "type": "classic", "arguments": {}}]
+    assert plan_broker("b1", ["q"], config, [], classic)[1] == []

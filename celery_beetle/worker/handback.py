@@ -7,16 +7,14 @@ worker as fast as both can go. It waits 0.5 s, doubling per hand-back of the sam
 to a cap, holding its prefetch slot meanwhile, so a worker with nothing but trouble takes
 nothing new.
 
-On a quorum queue every requeue counts against the queue's ``delivery-limit`` (a policy,
-:mod:`celery_beetle.ops.policies`): past it the broker dead-letters the message to
-``<queue>.dead`` (kept, and replayable with ``beetle dead replay``), however healthy the
-message is. So hand-backs *count* the broker's own ``x-delivery-count`` header too: the
-backoff of a delivery is ``0.5 s * 2**n`` for the larger of this worker's count and the
-broker's, capped at ``quorum_max_s`` (5 min) rather than ``max_s``. A worker restart (which
-forgets its own counts) does not restart the backoff, and 20 deliveries (RabbitMQ 4's default
-limit) take more than an hour of hand-backs instead of ten minutes. Deferred copies and
-retries do not requeue (a deferred copy stays unacked; a retry is a new publish to a delay
-queue), so they never count.
+On a quorum queue every requeue counts against the queue's ``delivery-limit`` (20 by default
+from RabbitMQ 4.0). So hand-backs *count* the broker's own ``x-delivery-count`` header too:
+the backoff of a delivery is ``0.5 s * 2**n`` for the larger of this worker's count and the
+broker's, capped at ``quorum_max_s`` (5 min) rather than ``max_s``, and a worker restart
+(which forgets its own counts) does not restart the backoff. A delivery counted often is
+replaced by a fresh copy before the gate sees it (:mod:`.renewal`), so the limit is never
+reached by hand-backs. Deferred copies and retries do not requeue (a deferred copy stays
+unacked; a retry is a new publish to a delay queue), so they never count.
 """
 
 from __future__ import annotations

@@ -101,7 +101,12 @@ class BrokerChannel(pyamqp.Channel):
         self.beetle_unsettled = Unsettled()
         super().__init__(*args, **kwargs)
 
+    #: set when the broker closed this channel and py-amqp reopened it: open, but with no
+    #: consumer and no prefetch (:meth:`~kombu_beetle.channel.BeetleChannel.reopen_closed`)
+    beetle_revived: bool = False
+
     def _do_revive(self) -> None:
+        self.beetle_revived = True
         self.beetle_incarnation += 1
         self.beetle_unsettled.clear()
         if self.beetle_acks is not None:

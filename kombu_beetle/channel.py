@@ -169,6 +169,16 @@ class BeetleChannel(base.StdChannel):
             raise errors[0]
         return results
 
+    def reopen_closed(self, link: BrokerLink) -> None:
+        """The broker closed this channel's channel on ``link`` (a consumer timeout, say):
+        py-amqp reopened it bare, so it is replaced by one with the prefetch window and
+        every consumer. What the closed one held comes back from the broker."""
+        entry = self._subs.get(link)
+        if entry is None or not entry[1].beetle_revived:
+            return
+        del self._subs[link]
+        self._reopen_after_error(link)
+
     def _reopen_after_error(self, link: BrokerLink) -> None:
         """A channel error closed this broker's channel: keep its consumers going."""
         if not self._consumers and self._window.count is None:

@@ -26,7 +26,7 @@ from .brokers import (
     fail_or_raise,
     is_link_error,
 )
-from .channel import BeetleChannel
+from .channel import CHANNEL_ERRORS, BeetleChannel
 from .channel_host import DeliveryFilter
 from .declarations import DeclarationLog
 from .errors import NoBrokerAvailable
@@ -252,6 +252,9 @@ class BeetleConnection:
         except CAUGHT_ERRORS as exc:
             fail_or_raise(link, exc)
             return False
+        except CHANNEL_ERRORS as exc:
+            self._channel_closed(link, exc)
+            return False
         return True
 
     # -- Celery's event loop (kombu hub) -------------------------------------------
@@ -313,10 +316,29 @@ class BeetleConnection:
         except CAUGHT_ERRORS as exc:
             self._pass_for_the_rest(link, conn)
             fail_or_raise(link, exc)
+        except CHANNEL_ERRORS as exc:
+            self._pass_for_the_rest(link, conn)
+            self._channel_closed(link, exc)
         except BaseException:
             self._pass_for_the_rest(link, conn)
             raise
         return False
+
+    def _channel_closed(self, link: BrokerLink, exc: BaseException) -> None:
+        """The broker closed a channel on ``link`` while we read (a delivery held unacked
+        past its ``consumer_timeout``, say): the connection stays, the channel's deliveries
+        go back to their queues, and its consumers start again on a new channel. An error
+        a consumer's callback raised is the caller's, and goes on up."""
+        if from_callback(exc):
+            raise exc
+        logger.warning(
+            "beetle: %s closed a channel (%s); its unacked deliveries go back to their "
+            "queues, and its consumers start again",
+            link.name,
+            exc,
+        )
+        for channel in list(self.channels):
+            channel.reopen_closed(link)
 
     def _pass_for_the_rest(self, link: BrokerLink, conn: Any) -> None:
         transport = getattr(conn, "transport", None)

@@ -151,7 +151,8 @@ def test_repeated_redis_outages_and_restarts_on_limited_quorum_queues_lose_nothi
     assert wait_until(lambda: set(counts(workers)) == set(items), timeout=240), (
         f"not run: {sorted(set(items) - set(counts(workers)))[:20]}"
     )
-    assert wait_until(lambda: celery_queue_empty(brokers), timeout=60)
+    # a copy deferred behind its twin's lease is looked at again by the lease's end (300 s)
+    assert wait_until(lambda: celery_queue_empty(brokers), timeout=330)
     starts = counts(workers, "start")
     assert all(starts[i] == 1 for i in items), {i: n for i, n in starts.items() if n != 1}
     assert stored_dead_letters(brokers) == 0, "no dead letter the tasks did not cause"
@@ -174,4 +175,4 @@ def test_a_countdown_held_past_the_consumer_timeout_runs_once_and_nothing_is_los
     assert wait_until(lambda: celery_queue_empty(brokers), timeout=60)
     assert counts([worker], "start") == dict.fromkeys([1, *items], 1)
     assert stored_dead_letters(brokers) == 0
-    assert "acknowledgement timed out" in worker.log_text() or "timed out" in worker.log_text()
+    assert "closed a channel" in worker.log_text(), "the consumer timeout struck, and was met"

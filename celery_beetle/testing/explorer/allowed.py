@@ -15,7 +15,15 @@ from dataclasses import dataclass
 
 from celery_beetle.testing.explorer.scenario import Item, Settings
 
-__all__ = ["RULES", "Expectation", "expect", "max_starts", "one_copy_may_be_lost"]
+__all__ = [
+    "FOURTH_VERSION",
+    "RULES",
+    "THIRD_VERSION",
+    "Expectation",
+    "expect",
+    "max_starts",
+    "one_copy_may_be_lost",
+]
 
 #: rule name -> where it comes from (README section, or design.md), quoted
 RULES: dict[str, str] = {
@@ -80,6 +88,19 @@ THIRD_VERSION: dict[str, str] = {
     "latency": "transport.md: a broker is marked dead only when it refuses, resets or does "
     "not confirm within `confirm_timeout` (1 s here); added latency below that (at most "
     "200 ms each way) is not a fault to any rule: every rule holds unchanged",
+}
+
+#: what the fourth version's items allow, each from its doc (no rule of its own either)
+FOURTH_VERSION: dict[str, str] = {
+    "long_chain": 'celery-features.md: "chains ...: as in Celery, each body once" (Celery\'s '
+    "chain publishes each link once the one before it succeeded, never after a failure: "
+    'the rule "chain" holds link by link)',
+    "retry_without_countdown": 'celery-features.md: "`self.retry()`: a new message, '
+    "`<task id>:retry-N`, through beetle's delay queues\" (without a countdown Celery's "
+    '`default_retry_delay` is the delay: the rule "retry" holds unchanged)',
+    "retry_past_max": "Celery's `self.retry()` past `max_retries` raises "
+    "`MaxRetriesExceededError` in the body; README: an exception not in `retry_on` "
+    "dead-letters at once (the last run is a `fatal` body: `dead:not_retryable`)",
 }
 
 GIVE_UP = frozenset({"dead:attempts_limit", "dead:exceptions_limit"})

@@ -19,6 +19,11 @@ message id), the next awaited once the one before completed (its Retry was publi
 before it completed), and judged when it shows up anyway; a committed outbox enqueue and a
 message published to two queues of one scope as an ``ok`` body, once; a rolled-back
 enqueue must never run at all.
+
+The fourth version's: each link of a chain of three or four as the body it names, once the
+link before it completed, never when it did not; a ``self.retry`` without a countdown as one
+with; the run of a body that retries past its ``max_retries`` as a ``fatal`` body (Celery
+raises ``MaxRetriesExceededError``, not in ``retry_on``: dead-lettered at once).
 """
 
 from __future__ import annotations
@@ -41,7 +46,9 @@ __all__ = [
     "Trace",
     "Violation",
     "awaited",
+    "chain_modes",
     "judge",
+    "link_key",
     "member_key",
     "read_trace",
     "retry_key",
@@ -163,6 +170,17 @@ def second_key(key: str) -> str:
     return f"{key}c"
 
 
+def link_key(key: str, n: int) -> str:
+    """The task id of a chain's ``n``-th link (0: the item's key; 1: :func:`second_key`)."""
+    return key if n == 0 else second_key(key) if n == 1 else f"{key}c{n}"
+
+
+def chain_modes(item: Item) -> tuple[str, ...]:
+    """The body of each link of a chain: the first's ``mode``, then each member's (a chain
+    of the second version has no members: a second ``ok`` link)."""
+    return (item.mode, *(item.members or ("ok",)))
+
+
 def member_key(key: str, n: int) -> str:
     """The task id of a group's ``n``-th member."""
     return f"{key}g{n}"
@@ -182,8 +200,11 @@ def awaited(beetle: set[str], keys: dict[str, Item], trace: Trace) -> set[str]:
     out = {k for k in beetle if keys[k].kind != "group"}
     for k in beetle:
         item = keys[k]
-        if item.kind == "chain" and trace.is_completed(k):
-            out.add(second_key(k))
+        if item.kind == "chain":
+            for n in range(1, len(chain_modes(item))):
+                if not trace.is_completed(link_key(k, n - 1)):
+                    break
+                out.add(link_key(k, n))
         elif item.kind == "group":
             out |= {member_key(k, n) for n in range(len(item.members))}
         elif item.kind == "retry":
@@ -291,16 +312,19 @@ def _judge_beetle(scenario: Scenario, key: str, item: Item, ev: Evidence) -> lis
     return found
 
 
-def _judge_second(scenario: Scenario, key: str, item: Item, ev: Evidence) -> list[Violation]:
-    """A chain's second task: judged as an ``ok`` body once the first completed; never run,
-    never published, when it did not."""
-    second = second_key(key)
-    if ev.trace.is_completed(key):
-        return _judge_beetle(scenario, second, Item(item.index, "work", "ok"), ev)
-    ran = ev.ledger.entry(second).starts or _outcomes(second, ev)
-    if ran:
-        return [Violation("chain", second, "ran although the chain's first task did not complete")]
-    return []
+def _judge_links(scenario: Scenario, key: str, item: Item, ev: Evidence) -> list[Violation]:
+    """A chain's links after the first: each judged as the body it names once the link
+    before it completed; never run, never published, when that one did not."""
+    found: list[Violation] = []
+    for n, mode in enumerate(chain_modes(item)[1:], start=1):
+        link = link_key(key, n)
+        if ev.trace.is_completed(link_key(key, n - 1)):
+            found += _judge_beetle(scenario, link, Item(item.index, "work", mode), ev)
+        elif ev.ledger.entry(link).starts or _outcomes(link, ev):
+            found.append(
+                Violation("chain", link, "ran although the link before it did not complete")
+            )
+    return found
 
 
 def _judge_group(scenario: Scenario, key: str, item: Item, ev: Evidence) -> list[Violation]:
@@ -319,12 +343,14 @@ def _judge_retry(scenario: Scenario, key: str, item: Item, ev: Evidence) -> list
     sender published it, then was killed before its completion): judged when it shows up."""
     found: list[Violation] = []
     ok = Item(item.index, "work", "ok")
+    # past max_retries the last run's self.retry raises MaxRetriesExceededError
+    last = Item(item.index, "work", "fatal" if item.mode == "past_max" else "ok")
     for n in range(item.retries + 1):
         message = retry_key(key, n)
         sent = not n or ev.trace.is_completed(retry_key(key, n - 1))
         if not sent and not (ev.ledger.entry(message).starts or _outcomes(message, ev)):
             continue
-        found += _judge_beetle(scenario, message, ok, ev)
+        found += _judge_beetle(scenario, message, last if n == item.retries else ok, ev)
         if n < item.retries and ev.trace.is_completed(message) and not _retried(message, ev):
             found.append(Violation("retry", message, "completed without calling self.retry"))
     if ev.ledger.entry(retry_key(key, item.retries)).retried:
@@ -418,7 +444,7 @@ def judge(scenario: Scenario, ev: Evidence) -> list[Violation]:
         else:
             found += _judge_beetle(scenario, key, item, ev)
         if item.kind == "chain":
-            found += _judge_second(scenario, key, item, ev)
+            found += _judge_links(scenario, key, item, ev)
     for key in sorted(ev.rolled_back):
         found += _judge_rolled_back(key, ev)
     found += _judge_order(ev)

@@ -95,7 +95,7 @@ class Publisher(threading.Thread):
             self._publish_scoped(app, conn, item, key)
         elif item.kind == "retry":
             app.tasks["ex.retry"].apply_async(
-                (item.retries, item.retry_s, item.sleep_s),
+                (item.retries, item.retry_s, item.sleep_s, item.mode == "past_max"),
                 task_id=key,
                 connection=conn,
                 retry_policy=POLICY,
@@ -116,9 +116,10 @@ class Publisher(threading.Thread):
         from celery import chain
 
         work = app.tasks["ex.work"]
-        first = work.si(item.mode, item.sleep_s).set(task_id=key)
-        second = work.si("ok", item.sleep_s).set(task_id=checker.second_key(key))
-        chain(first, second).apply_async(retry_policy=POLICY)
+        chain(
+            work.si(mode, item.sleep_s).set(task_id=checker.link_key(key, n))
+            for n, mode in enumerate(checker.chain_modes(item))
+        ).apply_async(retry_policy=POLICY)
 
     def _publish_group(self, app: Any, item: Item, key: str) -> None:
         from celery import group

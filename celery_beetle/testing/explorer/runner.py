@@ -29,7 +29,7 @@ from celery_beetle.testing.explorer.faults import Nemesis
 from celery_beetle.testing.explorer.ledger import read_dir
 from celery_beetle.testing.explorer.publish import Publisher
 from celery_beetle.testing.explorer.run import Cluster, Run
-from celery_beetle.testing.explorer.scenario import Scenario
+from celery_beetle.testing.explorer.scenario import RETRY_DELAY_S, Scenario
 
 __all__ = ["Cluster", "Outcome", "Run", "run_scenario"]
 
@@ -112,9 +112,12 @@ def body_seconds(scenario: Scenario) -> float:
         elif item.kind == "work" and item.mode == "overrun":
             seconds = s.timeout_s * 1.5
         elif item.kind == "retry":  # each retry a run, after its countdown
-            seconds = item.sleep_s * (item.retries + 1) + item.retry_s * item.retries
+            wait = item.retry_s or RETRY_DELAY_S
+            seconds = item.sleep_s * (item.retries + 1) + wait * item.retries
         elif item.kind == "group":
             seconds = item.sleep_s * len(item.members) * s.attempts
+        elif item.kind == "chain" and item.members:  # a link after another
+            seconds = item.sleep_s * (len(item.members) + 1) * s.attempts
         else:
             seconds = item.sleep_s
         starts = s.attempts if item.kind == "work" and item.mode in ("fail", "flaky") else 1

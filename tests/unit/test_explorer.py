@@ -392,7 +392,9 @@ def test_later_versions_of_the_draw_keep_every_existing_seeds_scenario():
 
 def _fourth(item: Item) -> bool:
     """An item of the draw's fourth version: a chain of more than two links, a retry
-    without a countdown or past its max_retries."""
+    without a countdown or past its max_retries, a chord."""
+    if item.kind == "chord":
+        return True
     if item.kind == "chain":
         return bool(item.members)
     return item.kind == "retry" and (item.retry_s == 0 or item.mode == "past_max")
@@ -542,6 +544,38 @@ def test_a_retry_past_max_retries_is_dead_lettered_as_not_worth_a_retry():
     del ev.trace.dead[last]
     ev.trace.completed[last] = 1
     assert _judged(item, ev) == ["outcome"]  # Celery raised in the body: it cannot succeed
+
+
+def test_a_chords_body_runs_once_after_its_whole_header_and_never_after_a_failure():
+    from celery_beetle.testing.explorer.ledger import Entry, Ledger
+
+    item = Item(0, "chord", members=("ok", "ok"))
+    header, body = ["kg0", "kg1"], checker.chord_body_key("k")
+    ran = {m: Entry(starts=[(1.0, 5)], ends=[(1.1, 5)]) for m in header}
+    ev = _evidence("k", item, ledger=Ledger(ran))
+    ev.trace.completed.update(dict.fromkeys(header, 1))
+    assert checker.awaited({"k"}, {"k": item}, ev.trace) == {*header, body}
+    assert _judged(item, ev) == ["lost"]  # every header task completed: the body must run
+    ev.faults["redis_kill"] = 1  # the result backend's Redis: the chord may have failed
+    assert checker.awaited({"k"}, {"k": item}, ev.trace, chords_may_fail=True) == set(header)
+    assert _judged(item, ev) == []
+    ev.ledger[body] = Entry(starts=[(2.0, 5)], ends=[(2.1, 5)])
+    ev.trace.completed[body] = 1
+    assert _judged(item, ev) == []
+
+    fatal = Item(0, "chord", members=("ok", "fatal"))
+    ev = _evidence("k", fatal, ledger=Ledger({**ran, body: Entry(starts=[(2.0, 5)])}))
+    ev.trace.completed["kg0"] = 1
+    ev.trace.dead["kg1"].append("not_retryable")
+    assert _judged(fatal, ev) == ["chord"]  # ran although its header failed
+
+
+def test_chords_come_with_a_result_backend_in_a_quarter_of_the_scenarios():
+    scenarios = [draw(seed) for seed in range(200)]
+    with_chords = [s for s in scenarios if s.chords]
+    assert 20 < len(with_chords) < 80
+    sizes = {len(i.members) for s in with_chords for i in s.items if i.kind == "chord"}
+    assert sizes == {2, 3, 4}
 
 
 def test_the_trace_knows_a_retry_by_its_message_id(tmp_path: Path):

@@ -20,6 +20,9 @@ Tasks (each writes ``start``/``end``/``fail`` to the ledger; the key is the task
   notes ``committed``, then sleeps ``sleep_s`` (the window where a kill finds the effect
   committed and the completion not stored);
 - ``ex.plain(sleep_s)``: a plain Celery task (one broker, acked early, as on pyamqp);
+- ``ex.join(results, expected)``: a chord's body: returns when ``results`` (the header
+  tasks' return values, their keys) are ``expected``, else raises KeyError (not worth a
+  retry: dead-lettered, which the table does not allow);
 - ``ex.retry(retries, retry_s, sleep_s, past_max=False)``: sleeps, then calls
   ``self.retry(countdown=retry_s, max_retries=retries)`` until Celery's ``retries`` reach
   ``retries``, then returns. Each retry is a new message, ``<task id>:retry-N`` (README
@@ -143,6 +146,16 @@ def make_app(
         if more or past_max:
             note(ledger_dir, "retry" if more else "fail", key)
             raise self.retry(countdown=retry_s or None, max_retries=retries)
+        note(ledger_dir, "end", key)
+        return key
+
+    @app.task(base=BeetleTask, bind=True, name="ex.join", shared=False, **options)
+    def join(self: Any, results: list[str], expected: list[str]) -> str:
+        key = str(self.request.id)
+        note(ledger_dir, "start", key)
+        if sorted(results) != sorted(expected):
+            note(ledger_dir, "fail", key)
+            raise KeyError(f"chord body {key} got {sorted(results)}, not {sorted(expected)}")
         note(ledger_dir, "end", key)
         return key
 

@@ -114,7 +114,7 @@ def body_seconds(scenario: Scenario) -> float:
         elif item.kind == "retry":  # each retry a run, after its countdown
             wait = item.retry_s or RETRY_DELAY_S
             seconds = item.sleep_s * (item.retries + 1) + wait * item.retries
-        elif item.kind == "group":
+        elif item.kind == "group" or item.kind == "chord":
             seconds = item.sleep_s * len(item.members) * s.attempts
         elif item.kind == "chain" and item.members:  # a link after another
             seconds = item.sleep_s * (len(item.members) + 1) * s.attempts
@@ -151,11 +151,12 @@ def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
         beetle = {k for k in publisher.confirmed if keys[k].kind in checker.BEETLE_KINDS}
         deadline = time.monotonic() + drain_deadline_s(scenario)
         trace = checker.read_trace(run.trace)
-        wanted = checker.awaited(beetle, keys, trace)
+        fragile = checker.chords_may_fail(nemesis.counts)
+        wanted = checker.awaited(beetle, keys, trace, chords_may_fail=fragile)
         while run.resolved(trace, wanted) != wanted and time.monotonic() < deadline:
             time.sleep(1)
             trace = checker.read_trace(run.trace)
-            wanted = checker.awaited(beetle, keys, trace)
+            wanted = checker.awaited(beetle, keys, trace, chords_may_fail=fragile)
         unresolved = wanted - run.resolved(trace, wanted)
         time.sleep(scenario.settings.timeout_s + 3)  # a late second outcome shows up
         if run.relay is not None:

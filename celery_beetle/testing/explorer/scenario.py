@@ -16,7 +16,8 @@ earlier version gave it (``tests/unit/test_explorer.py`` pins seeds 1000, 1004, 
 rolled back, some with an ordering key) behind a ``beetle relay``, a dedup scope shared by
 two queues, and the faults of :data:`THIRD_FAULTS`. The fourth adds chains of three or four
 links (one may fail: the links after it never run), ``self.retry`` without a countdown (the
-task's ``default_retry_delay``) and bodies that retry once more than their ``max_retries``.
+task's ``default_retry_delay``), bodies that retry once more than their ``max_retries`` and,
+in a quarter of the scenarios, chords (their workers then have a result backend).
 
 A scenario is a plain dataclass: printable (:meth:`Scenario.describe`), serialisable
 (:meth:`Scenario.to_json`), and reducible (:mod:`.shrink` drops items, faults and workers
@@ -127,7 +128,9 @@ class Item:
     not empty, due after ``countdown_s``), ``scoped`` (one ``ok`` ``ex.work`` published to
     the main queue and to SECOND_QUEUE under one task id: one message of one scope).
     Fourth version: a ``chain`` with ``members`` has a link per member after the first
-    (``mode``), each with the body the member names."""
+    (``mode``), each with the body the member names; a ``chord`` is a header of ``ex.work``
+    tasks, one per mode in ``members``, and an ``ex.join`` body that checks it got every
+    header task's result."""
 
     index: int
     kind: str
@@ -160,6 +163,11 @@ class Scenario:
     settings: Settings
     items: tuple[Item, ...]
     faults: tuple[Fault, ...] = field(default=())
+
+    @property
+    def chords(self) -> bool:
+        """Whether it publishes chords: its workers then need a result backend."""
+        return any(i.kind == "chord" for i in self.items)
 
     @property
     def publish_s(self) -> float:
@@ -395,7 +403,8 @@ def _third_faults(
 def _fourth_items(rng: random.Random, first: int, publish_s: float) -> tuple[Item, ...]:
     """Chains of three or four links (the first ``ok`` or ``fatal``, then ``ok`` links, one
     of them ``fatal`` now and then); ``self.retry`` without a countdown; a body that retries
-    once more than its ``max_retries``."""
+    once more than its ``max_retries``; now and then chords of 2-4 header tasks (one of
+    them ``fatal`` now and then: the body never runs)."""
     items: list[Item] = []
 
     def add(kind: str, mode: str = "ok", **fields: Any) -> None:
@@ -412,4 +421,8 @@ def _fourth_items(rng: random.Random, first: int, publish_s: float) -> tuple[Ite
     for _ in range(rng.choice([0, 0, 1, 2])):
         countdown = rng.choice([0.0, round(rng.uniform(0.2, 1.5), 1)])
         add("retry", "past_max", retries=rng.choice([0, 1, 2]), retry_s=countdown)
+    if rng.random() < 0.25:  # a result backend for the scenario's workers (Scenario.chords)
+        for _ in range(rng.randint(1, 3)):
+            size = rng.randint(2, 4)
+            add("chord", members=tuple(rng.choices(["ok", "fatal"], weights=[85, 15], k=size)))
     return tuple(items)

@@ -108,7 +108,8 @@ FOURTH_VERSION: dict[str, str] = {
     "the chord's count, and then the body may never run)",
     "retry_past_max": "Celery's `self.retry()` past `max_retries` raises "
     "`MaxRetriesExceededError` in the body; README: an exception not in `retry_on` "
-    "dead-letters at once (the last run is a `fatal` body: `dead:not_retryable`)",
+    "dead-letters at once (the explorer's `retry_on` is RuntimeError: the last run is a "
+    "`fatal` body, `dead:not_retryable`)",
 }
 
 GIVE_UP = frozenset({"dead:attempts_limit", "dead:exceptions_limit"})

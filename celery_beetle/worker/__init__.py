@@ -25,6 +25,8 @@ the pool
 ``errors``              what a run raises: the give-ups the result backend records
                         (exported by ``celery_beetle``), a dropped copy, a hand-back
 ``lease``               keeping a lease alive where the pool cannot cut a body short
+``time_limits``         prefork's time limits counted from the stored start, not from
+                        the moment a pool process took the job (both processes)
 both
 ``facts``               a delivery's dedup identity and expiry, in its headers
 ``retry_queue``         retries through per-delay queues

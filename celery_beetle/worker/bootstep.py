@@ -8,7 +8,9 @@ reconnect) and wraps those of BeetleTasks so that each delivery passes through
 
 At construction (worker start, before any message) it reads and validates the settings and
 every BeetleTask's options, raising :class:`celery.exceptions.ImproperlyConfigured` with the
-reason, and derives each BeetleTask's time limits from its lease.
+reason, and derives each BeetleTask's time limits from its lease; at start it makes a prefork
+pool count those limits from each run's stored start
+(:func:`~celery_beetle.worker.time_limits.count_limits_from_the_start`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from celery_beetle.worker.metrics import GateCollector
 from celery_beetle.worker.renewal import DeliveryRenewal
 from celery_beetle.worker.retry_queue import RawMessage
 from celery_beetle.worker.run import is_beetle_task
+from celery_beetle.worker.time_limits import count_limits_from_the_start
 from kombu_beetle.renewal import SameBrokerPublisher
 from kombu_beetle.trace import get_tracer
 
@@ -86,6 +89,7 @@ class BeetleGateStep(bootsteps.StartStopStep):
             _prepare_metrics()
 
     def start(self, c: Any) -> None:
+        count_limits_from_the_start(getattr(c, "pool", None), getattr(c, "hub", None))
         if self.gate is None:
             self.gate = self._make_gate(c)
         else:

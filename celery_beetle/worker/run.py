@@ -63,6 +63,7 @@ from celery_beetle.store import RedisStore, wall_clock_ms
 from celery_beetle.store.health import call_until_stored, store_unavailable
 from celery_beetle.store.outcome import Claim, ClaimDecision, Failure, GiveUpReason
 from celery_beetle.store.state import MAX_OWNER_LENGTH, MessageFacts, Status
+from celery_beetle.worker import time_limits
 from celery_beetle.worker.deadletter import dead_letter_headers, publish_dead_letter
 from celery_beetle.worker.errors import AttemptsExhausted, DeadLettered, Dropped, HandBack
 from celery_beetle.worker.facts import (
@@ -251,11 +252,13 @@ class Run:
         self.lease_deadline_ms = 0
         self.attempt = 0
         self.started = 0.0
+        #: when the last call to the store was sent (monotonic): a lease counts from it
+        self._sent = time.monotonic()
         self._inbox_marked = False
 
     def execute(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         _left_to_main.pop(self.request.id, None)
-        self._claim()
+        self._claim_before_the_body()
         self._trace("started")
         self.started = started = time.monotonic()
         keeper = self._keep_lease()
@@ -312,6 +315,24 @@ class Run:
         )  # fmt: skip
         keeper.start()
         return keeper
+
+    def _claim_before_the_body(self) -> None:
+        """The claim or start, after which the body's time limits count: under prefork from
+        the sending of the call that set the lease, never from the moment this process took
+        the job (:mod:`~celery_beetle.worker.time_limits`). Without a body, Celery's stand."""
+        waiting = time.monotonic()
+        time_limits.waiting_on_the_store(waiting)
+        counts_from = waiting
+        try:
+            self._claim()
+            if current_process().name == "MainProcess":
+                return  # solo, threads, gevent: no time limits, a lease keeper
+            counts_from, deadline_ms = time_limits.lease_for_the_body(
+                self.store, self.facts, self.token, self.limits, self._sent, self._name()
+            )
+            self.lease_deadline_ms = deadline_ms or self.lease_deadline_ms
+        finally:
+            time_limits.limits_count_from(counts_from)
 
     def _claim(self) -> None:
         given = self.given
@@ -402,6 +423,7 @@ class Run:
         deadline = time.monotonic() + self._retry_window()
         wait = 0.1
         while True:
+            self._sent = time.monotonic()
             try:
                 return call()
             except Exception as exc:
@@ -423,11 +445,10 @@ class Run:
 
     def _retry_window(self) -> float:
         """How long the pool retries the store before handing the delivery back:
-        :data:`CLAIM_RETRY_S`, but under prefork at most a tenth of the soft time limit. There
-        the limits run from the moment a pool process took the job, so a wait for Redis
-        before the body is taken from the body's own time (the explorer's seed 5029: a 3 s
-        wait left a 3 s soft limit half a second, and a healthy body was dead-lettered as
-        ``SoftTimeLimitExceeded``). Back in the gate, it waits for Redis instead."""
+        :data:`CLAIM_RETRY_S`, but under prefork at most a tenth of the soft time limit, so a
+        pool process is not held waiting for Redis: back in the gate, the delivery waits for
+        Redis without a pool slot. (The wait is not taken from the body's time limits, which
+        count from the stored start: :mod:`~celery_beetle.worker.time_limits`.)"""
         if current_process().name == "MainProcess":
             return CLAIM_RETRY_S  # solo, threads, gevent: no time limits, a lease keeper
         timelimit = getattr(self.request, "timelimit", None) or (None, None)

@@ -364,7 +364,11 @@ def _v2_digest(scenario: Scenario) -> str:
     view = {
         "seed": scenario.seed,
         "settings": {name: getattr(scenario.settings, name) for name in _V2_SETTINGS},
-        "items": [[getattr(i, n) for n in _V2_ITEM] for i in scenario.items if i.kind in _V2_KINDS],
+        "items": [
+            [getattr(i, n) for n in _V2_ITEM]
+            for i in scenario.items
+            if i.kind in _V2_KINDS and not _fourth(i)
+        ],
         "faults": [
             [f.at_s, f.kind, f.target, f.duration_s]
             for f in scenario.faults
@@ -384,6 +388,49 @@ def test_later_versions_of_the_draw_keep_every_existing_seeds_scenario():
         3022: "b7489814888bbf6e",
     }
     assert {seed: _v2_digest(draw(seed)) for seed in pinned} == pinned
+
+
+def _fourth(item: Item) -> bool:
+    """An item of the draw's fourth version: a chain of more than two links, a retry
+    without a countdown or past its max_retries, a chord."""
+    if item.kind == "chord":
+        return True
+    if item.kind == "chain":
+        return bool(item.members)
+    return item.kind == "retry" and (item.retry_s == 0 or item.mode == "past_max")
+
+
+def _v3_digest(scenario: Scenario) -> str:
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    view = asdict(scenario)
+    view["items"] = [asdict(i) for i in scenario.items if not _fourth(i)]
+    return hashlib.sha256(json.dumps(view, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def test_the_fourth_version_keeps_every_seeds_third_version_scenario():
+    """Pinned on the draw's third version (before the fourth was added): the whole scenario
+    but the fourth version's items stays what it was."""
+    pinned = {
+        1000: "89366be3fe529fed",
+        1004: "5f486b904fdabbea",
+        3022: "6126184c58a00606",
+        5000: "1ca393fa34113fd8",
+        5071: "cf9bcdb398ada62f",
+        90003: "66b5397f31dff473",
+    }
+    assert {seed: _v3_digest(draw(seed)) for seed in pinned} == pinned
+
+
+def test_the_fourth_version_draws_long_chains_and_retries_without_countdown_or_past_max():
+    items = [i for seed in range(200) for i in draw(seed).items if _fourth(i)]
+    chains = [i for i in items if i.kind == "chain"]
+    assert chains and all(len(i.members) in (2, 3) for i in chains)
+    assert {m for i in chains for m in (i.mode, *i.members)} == {"ok", "fatal"}
+    assert any(i.retry_s == 0 and i.mode == "ok" for i in items if i.kind == "retry")
+    assert {i.retries for i in items if i.mode == "past_max"} == {0, 1, 2}
 
 
 # -- the draw's third version -----------------------------------------------------------------
@@ -458,6 +505,77 @@ def test_a_retrying_body_killed_before_its_retry_is_judged_alone():
     ev.ledger["k:retry-1"] = Entry(starts=[(3.0, 6), (4.0, 6)], ends=[(4.1, 6)])
     ev.trace.completed["k:retry-1"] = 1
     assert _judged(item, ev) == ["starts"]
+
+
+def test_each_link_of_a_long_chain_runs_once_after_the_one_before_and_never_after_a_failure():
+    from celery_beetle.testing.explorer.ledger import Entry, Ledger
+
+    item = Item(0, "chain", "ok", members=("ok", "fatal", "ok"))
+    links = [checker.link_key("k", n) for n in range(4)]
+    assert links == ["k", "kc", "kc2", "kc3"] and checker.chain_modes(item)[2] == "fatal"
+    ran = {link: Entry(starts=[(n, 5)], ends=[(n + 0.1, 5)]) for n, link in enumerate(links[:2])}
+    ev = _evidence("k", item, ledger=Ledger(ran))
+    ev.trace.completed.update({"k": 1, "kc": 1})
+    assert checker.awaited({"k"}, {"k": item}, ev.trace) == {"k", "kc", "kc2"}
+    assert _judged(item, ev) == ["lost"]  # the third link was published and never ended
+    ev.ledger["kc2"] = Entry(starts=[(2.0, 5)])
+    ev.trace.dead["kc2"].append("not_retryable")
+    assert _judged(item, ev) == []  # it failed: the fourth never runs
+    ev.ledger["kc3"] = Entry(starts=[(3.0, 5)], ends=[(3.1, 5)])
+    assert _judged(item, ev) == ["chain"]  # ran after a failed link
+
+
+def test_a_retry_past_max_retries_is_dead_lettered_as_not_worth_a_retry():
+    from celery_beetle.testing.explorer.ledger import Entry, Ledger
+
+    item = Item(0, "retry", "past_max", retries=1, retry_s=0.0)
+    first, last = checker.retry_key("k", 0), checker.retry_key("k", 1)
+    ledger = Ledger(
+        {
+            first: Entry(starts=[(1.0, 5)], retried=[(1.1, 5)]),
+            last: Entry(starts=[(2.0, 5)], fails=1),
+        }
+    )
+    ev = _evidence("k", item, ledger=ledger)
+    ev.trace.completed[first] = 1
+    assert checker.awaited({"k"}, {"k": item}, ev.trace) == {first, last}
+    ev.trace.dead[last].append("not_retryable")  # MaxRetriesExceededError
+    assert _judged(item, ev) == []
+    del ev.trace.dead[last]
+    ev.trace.completed[last] = 1
+    assert _judged(item, ev) == ["outcome"]  # Celery raised in the body: it cannot succeed
+
+
+def test_a_chords_body_runs_once_after_its_whole_header_and_never_after_a_failure():
+    from celery_beetle.testing.explorer.ledger import Entry, Ledger
+
+    item = Item(0, "chord", members=("ok", "ok"))
+    header, body = ["kg0", "kg1"], checker.chord_body_key("k")
+    ran = {m: Entry(starts=[(1.0, 5)], ends=[(1.1, 5)]) for m in header}
+    ev = _evidence("k", item, ledger=Ledger(ran))
+    ev.trace.completed.update(dict.fromkeys(header, 1))
+    assert checker.awaited({"k"}, {"k": item}, ev.trace) == {*header, body}
+    assert _judged(item, ev) == ["lost"]  # every header task completed: the body must run
+    ev.faults["redis_kill"] = 1  # the result backend's Redis: the chord may have failed
+    assert checker.awaited({"k"}, {"k": item}, ev.trace, chords_may_fail=True) == set(header)
+    assert _judged(item, ev) == []
+    ev.ledger[body] = Entry(starts=[(2.0, 5)], ends=[(2.1, 5)])
+    ev.trace.completed[body] = 1
+    assert _judged(item, ev) == []
+
+    fatal = Item(0, "chord", members=("ok", "fatal"))
+    ev = _evidence("k", fatal, ledger=Ledger({**ran, body: Entry(starts=[(2.0, 5)])}))
+    ev.trace.completed["kg0"] = 1
+    ev.trace.dead["kg1"].append("not_retryable")
+    assert _judged(fatal, ev) == ["chord"]  # ran although its header failed
+
+
+def test_chords_come_with_a_result_backend_in_a_quarter_of_the_scenarios():
+    scenarios = [draw(seed) for seed in range(200)]
+    with_chords = [s for s in scenarios if s.chords]
+    assert 20 < len(with_chords) < 80
+    sizes = {len(i.members) for s in with_chords for i in s.items if i.kind == "chord"}
+    assert sizes == {2, 3, 4}
 
 
 def test_the_trace_knows_a_retry_by_its_message_id(tmp_path: Path):

@@ -1,6 +1,6 @@
-"""Under prefork a wait for Redis before the body comes out of the body's time limits, so
-the pool waits at most a tenth of the soft limit before handing the delivery back (the
-fault explorer's seed 5029)."""
+"""Under prefork a pool process waits for Redis at most a tenth of the soft limit before
+handing the delivery back to the gate, which waits without a pool slot (the fault
+explorer's seed 5029); the wait is not taken from the body's limits (test_time_limits)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,15 @@ from dataclasses import dataclass
 
 from celery_beetle.testing.explorer.scenario import Item, Settings
 
-__all__ = ["RULES", "Expectation", "expect", "max_starts", "one_copy_may_be_lost"]
+__all__ = [
+    "FOURTH_VERSION",
+    "RULES",
+    "THIRD_VERSION",
+    "Expectation",
+    "expect",
+    "max_starts",
+    "one_copy_may_be_lost",
+]
 
 #: rule name -> where it comes from (README section, or design.md), quoted
 RULES: dict[str, str] = {
@@ -42,7 +50,8 @@ RULES: dict[str, str] = {
     "leftover": "nothing left in the queue, its delay queues or unexplained in `.dead` once "
     "every message has its outcome",
     "chain": "Celery's chain: the second task is published once the first succeeded, and "
-    "never when it failed (each then runs once, as any BeetleTask)",
+    "never when it failed (each then runs once, as any BeetleTask); a chord's body likewise "
+    'never runs when a header task did not complete (FOURTH_VERSION "chord")',
     "plain_twice": 'README: "a plain task: one broker, exactly as on pyamqp" (acked before '
     "it runs: at most once, unless a broker's ack was lost with it, or, under the solo pool, "
     "its worker was SIGKILLed while the body ran: Celery sends the early ack from its event "
@@ -80,6 +89,27 @@ THIRD_VERSION: dict[str, str] = {
     "latency": "transport.md: a broker is marked dead only when it refuses, resets or does "
     "not confirm within `confirm_timeout` (1 s here); added latency below that (at most "
     "200 ms each way) is not a fault to any rule: every rule holds unchanged",
+}
+
+#: what the fourth version's items allow, each from its doc (no rule of its own either)
+FOURTH_VERSION: dict[str, str] = {
+    "long_chain": 'celery-features.md: "chains ...: as in Celery, each body once" (Celery\'s '
+    "chain publishes each link once the one before it succeeded, never after a failure: "
+    'the rule "chain" holds link by link)',
+    "retry_without_countdown": 'celery-features.md: "`self.retry()`: a new message, '
+    "`<task id>:retry-N`, through beetle's delay queues\" (without a countdown Celery's "
+    '`default_retry_delay` is the delay: the rule "retry" holds unchanged)',
+    "chord": 'celery-features.md: "chains, groups, chords ...: as in Celery, each body '
+    'once"; "the body runs once with all 20 results. At the defaults (`attempts=1`) the '
+    "interrupted header is dead-lettered, a `FAILURE` in the backend: the chord fails once, "
+    'its body never runs" (each header task judged as the body it names; the body, which '
+    "checks it got every header result, runs once when every header task completed, never "
+    "when one did not; a fault of the Redis process that holds the result backend may fail "
+    "the chord's count, and then the body may never run)",
+    "retry_past_max": "Celery's `self.retry()` past `max_retries` raises "
+    "`MaxRetriesExceededError` in the body; README: an exception not in `retry_on` "
+    "dead-letters at once (the explorer's `retry_on` is RuntimeError: the last run is a "
+    "`fatal` body, `dead:not_retryable`)",
 }
 
 GIVE_UP = frozenset({"dead:attempts_limit", "dead:exceptions_limit"})

@@ -20,10 +20,17 @@ Tasks (each writes ``start``/``end``/``fail`` to the ledger; the key is the task
   notes ``committed``, then sleeps ``sleep_s`` (the window where a kill finds the effect
   committed and the completion not stored);
 - ``ex.plain(sleep_s)``: a plain Celery task (one broker, acked early, as on pyamqp);
-- ``ex.retry(retries, retry_s, sleep_s)``: sleeps, then calls ``self.retry(countdown=retry_s)``
-  until Celery's ``retries`` reach ``retries``, then returns. Each retry is a new message,
-  ``<task id>:retry-N`` (README "Celery features"), so the ledger keys each run by that
-  message id (:func:`celery_beetle.task.message_id_for`) and notes ``retry`` before the call.
+- ``ex.join(results, expected)``: a chord's body: returns when ``results`` (the header
+  tasks' return values, their keys) are ``expected``, else raises KeyError (not worth a
+  retry: dead-lettered, which the table does not allow);
+- ``ex.retry(retries, retry_s, sleep_s, past_max=False)``: sleeps, then calls
+  ``self.retry(countdown=retry_s, max_retries=retries)`` until Celery's ``retries`` reach
+  ``retries``, then returns. Each retry is a new message, ``<task id>:retry-N`` (README
+  "Celery features"), so the ledger keys each run by that message id
+  (:func:`celery_beetle.task.message_id_for`) and notes ``retry`` before the call.
+  ``retry_s`` 0: no countdown (the task's ``default_retry_delay``, :data:`RETRY_DELAY_S`).
+  ``past_max``: the last run calls ``self.retry`` once more, and Celery raises
+  ``MaxRetriesExceededError`` in the body (noted ``fail``).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from celery import Celery
 import celery_beetle
 from celery_beetle import BeetleTask
 from celery_beetle.testing.explorer.ledger import note, read_dir
+from celery_beetle.testing.explorer.scenario import RETRY_DELAY_S
 
 EFFECTS = sa.Table(
     "explorer_effects",
@@ -122,16 +130,32 @@ def make_app(
         note(ledger_dir, "end", key)
         return key
 
-    @app.task(base=BeetleTask, bind=True, name="ex.retry", shared=False, **options)
-    def retry_task(self: Any, retries: int, retry_s: float, sleep_s: float) -> str:
+    @app.task(
+        base=BeetleTask, bind=True, name="ex.retry", shared=False,
+        default_retry_delay=RETRY_DELAY_S, **options,
+    )  # fmt: skip
+    def retry_task(
+        self: Any, retries: int, retry_s: float, sleep_s: float, past_max: bool = False
+    ) -> str:
         from celery_beetle.task import message_id_for
 
         key = message_id_for(str(self.request.id), self.request.retries)
         note(ledger_dir, "start", key)
         time.sleep(sleep_s)
-        if (self.request.retries or 0) < retries:
-            note(ledger_dir, "retry", key)
-            raise self.retry(countdown=retry_s, max_retries=retries)
+        more = (self.request.retries or 0) < retries
+        if more or past_max:
+            note(ledger_dir, "retry" if more else "fail", key)
+            raise self.retry(countdown=retry_s or None, max_retries=retries)
+        note(ledger_dir, "end", key)
+        return key
+
+    @app.task(base=BeetleTask, bind=True, name="ex.join", shared=False, **options)
+    def join(self: Any, results: list[str], expected: list[str]) -> str:
+        key = str(self.request.id)
+        note(ledger_dir, "start", key)
+        if sorted(results) != sorted(expected):
+            note(ledger_dir, "fail", key)
+            raise KeyError(f"chord body {key} got {sorted(results)}, not {sorted(expected)}")
         note(ledger_dir, "end", key)
         return key
 

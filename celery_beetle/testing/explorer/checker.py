@@ -19,6 +19,15 @@ message id), the next awaited once the one before completed (its Retry was publi
 before it completed), and judged when it shows up anyway; a committed outbox enqueue and a
 message published to two queues of one scope as an ``ok`` body, once; a rolled-back
 enqueue must never run at all.
+
+The fourth version's: each link of a chain of three or four as the body it names, once the
+link before it completed, never when it did not; a ``self.retry`` without a countdown as one
+with; the run of a body that retries past its ``max_retries`` as a ``fatal`` body (Celery
+raises ``MaxRetriesExceededError``, not in ``retry_on``: dead-lettered at once); each
+header task of a chord as the body it names, and the chord's body as an ``ok`` body (it
+checks itself that it got every header task's result) once every header task completed,
+unless a fault of the Redis process could fail the chord's count in the result backend;
+never when a header task did not complete.
 """
 
 from __future__ import annotations
@@ -41,7 +50,11 @@ __all__ = [
     "Trace",
     "Violation",
     "awaited",
+    "chain_modes",
+    "chord_body_key",
+    "chords_may_fail",
     "judge",
+    "link_key",
     "member_key",
     "read_trace",
     "retry_key",
@@ -50,7 +63,9 @@ __all__ = [
 
 WORKER_KILLS = ("worker_kill", "pool_kill")
 #: items whose messages are BeetleTasks (awaited by the drain, judged by :func:`_judge_beetle`)
-BEETLE_KINDS = ("work", "inbox", "chain", "retry", "group", "outbox", "scoped")
+BEETLE_KINDS = ("work", "inbox", "chain", "retry", "group", "outbox", "scoped", "chord")
+#: faults of the Redis process, which also holds the result backend of a run with chords
+BACKEND_FAULTS = ("redis_kill", "redis_refuse")
 DONE = naive.DONE_STATUS
 BROKER_FAULTS = ("broker_kill", "broker_freeze")
 #: a candidate rule, judged over the whole run (:func:`_tolerate_start_window`)
@@ -163,6 +178,28 @@ def second_key(key: str) -> str:
     return f"{key}c"
 
 
+def chord_body_key(key: str) -> str:
+    """The task id of a chord's body (its header tasks': :func:`member_key`)."""
+    return f"{key}b"
+
+
+def chords_may_fail(faults: Counter[str]) -> bool:
+    """A fault of the Redis process may fail a chord's count in the result backend: Celery
+    then errors the chord, and its body never runs (FOURTH_VERSION "chord")."""
+    return any(faults[k] for k in BACKEND_FAULTS)
+
+
+def link_key(key: str, n: int) -> str:
+    """The task id of a chain's ``n``-th link (0: the item's key; 1: :func:`second_key`)."""
+    return key if n == 0 else second_key(key) if n == 1 else f"{key}c{n}"
+
+
+def chain_modes(item: Item) -> tuple[str, ...]:
+    """The body of each link of a chain: the first's ``mode``, then each member's (a chain
+    of the second version has no members: a second ``ok`` link)."""
+    return (item.mode, *(item.members or ("ok",)))
+
+
 def member_key(key: str, n: int) -> str:
     """The task id of a group's ``n``-th member."""
     return f"{key}g{n}"
@@ -175,17 +212,28 @@ def retry_key(key: str, n: int) -> str:
     return message_id_for(key, n)
 
 
-def awaited(beetle: set[str], keys: dict[str, Item], trace: Trace) -> set[str]:
+def awaited(
+    beetle: set[str], keys: dict[str, Item], trace: Trace, *, chords_may_fail: bool = False
+) -> set[str]:
     """The messages whose outcome the drain waits for: the confirmed BeetleTasks (a group's
-    members rather than the group), the second task of every chain whose first completed,
-    and the next run of a ``self.retry`` body whose run before completed."""
-    out = {k for k in beetle if keys[k].kind != "group"}
+    or a chord's members rather than the group or chord), the next link of every chain whose
+    link before it completed, the next run of a ``self.retry`` body whose run before
+    completed, and a chord's body once its header completed (unless ``chords_may_fail``)."""
+    out = {k for k in beetle if keys[k].kind not in ("group", "chord")}
     for k in beetle:
         item = keys[k]
-        if item.kind == "chain" and trace.is_completed(k):
-            out.add(second_key(k))
+        if item.kind == "chain":
+            for n in range(1, len(chain_modes(item))):
+                if not trace.is_completed(link_key(k, n - 1)):
+                    break
+                out.add(link_key(k, n))
         elif item.kind == "group":
             out |= {member_key(k, n) for n in range(len(item.members))}
+        elif item.kind == "chord":
+            header = {member_key(k, n) for n in range(len(item.members))}
+            out |= header
+            if not chords_may_fail and all(trace.is_completed(m) for m in header):
+                out.add(chord_body_key(k))
         elif item.kind == "retry":
             for n in range(item.retries):
                 if not trace.is_completed(retry_key(k, n)):
@@ -291,16 +339,19 @@ def _judge_beetle(scenario: Scenario, key: str, item: Item, ev: Evidence) -> lis
     return found
 
 
-def _judge_second(scenario: Scenario, key: str, item: Item, ev: Evidence) -> list[Violation]:
-    """A chain's second task: judged as an ``ok`` body once the first completed; never run,
-    never published, when it did not."""
-    second = second_key(key)
-    if ev.trace.is_completed(key):
-        return _judge_beetle(scenario, second, Item(item.index, "work", "ok"), ev)
-    ran = ev.ledger.entry(second).starts or _outcomes(second, ev)
-    if ran:
-        return [Violation("chain", second, "ran although the chain's first task did not complete")]
-    return []
+def _judge_links(scenario: Scenario, key: str, item: Item, ev: Evidence) -> list[Violation]:
+    """A chain's links after the first: each judged as the body it names once the link
+    before it completed; never run, never published, when that one did not."""
+    found: list[Violation] = []
+    for n, mode in enumerate(chain_modes(item)[1:], start=1):
+        link = link_key(key, n)
+        if ev.trace.is_completed(link_key(key, n - 1)):
+            found += _judge_beetle(scenario, link, Item(item.index, "work", mode), ev)
+        elif ev.ledger.entry(link).starts or _outcomes(link, ev):
+            found.append(
+                Violation("chain", link, "ran although the link before it did not complete")
+            )
+    return found
 
 
 def _judge_group(scenario: Scenario, key: str, item: Item, ev: Evidence) -> list[Violation]:
@@ -312,6 +363,22 @@ def _judge_group(scenario: Scenario, key: str, item: Item, ev: Evidence) -> list
     return found
 
 
+def _judge_chord(scenario: Scenario, key: str, item: Item, ev: Evidence) -> list[Violation]:
+    """The header as a group; the body, which checks it got every header task's result, as
+    an ``ok`` body once every header task completed (a fault of the Redis process may fail
+    the chord instead: then it may never run); never run when one did not."""
+    found = _judge_group(scenario, key, item, ev)
+    body = chord_body_key(key)
+    ran = bool(ev.ledger.entry(body).starts or _outcomes(body, ev))
+    header = [member_key(key, n) for n in range(len(item.members))]
+    if all(ev.trace.is_completed(m) for m in header):
+        if ran or not chords_may_fail(ev.faults):
+            found += _judge_beetle(scenario, body, Item(item.index, "work", "ok"), ev)
+    elif ran and not ev.faults["replay"]:
+        found.append(Violation("chord", body, "ran although a header task did not complete"))
+    return found
+
+
 def _judge_retry(scenario: Scenario, key: str, item: Item, ev: Evidence) -> list[Violation]:
     """Each run of a ``self.retry`` body as a message of its own (an ``ok`` body: a run that
     calls ``self.retry`` is completed once the retry is published). A retry whose run before
@@ -319,12 +386,14 @@ def _judge_retry(scenario: Scenario, key: str, item: Item, ev: Evidence) -> list
     sender published it, then was killed before its completion): judged when it shows up."""
     found: list[Violation] = []
     ok = Item(item.index, "work", "ok")
+    # past max_retries the last run's self.retry raises MaxRetriesExceededError
+    last = Item(item.index, "work", "fatal" if item.mode == "past_max" else "ok")
     for n in range(item.retries + 1):
         message = retry_key(key, n)
         sent = not n or ev.trace.is_completed(retry_key(key, n - 1))
         if not sent and not (ev.ledger.entry(message).starts or _outcomes(message, ev)):
             continue
-        found += _judge_beetle(scenario, message, ok, ev)
+        found += _judge_beetle(scenario, message, last if n == item.retries else ok, ev)
         if n < item.retries and ev.trace.is_completed(message) and not _retried(message, ev):
             found.append(Violation("retry", message, "completed without calling self.retry"))
     if ev.ledger.entry(retry_key(key, item.retries)).retried:
@@ -411,6 +480,8 @@ def judge(scenario: Scenario, ev: Evidence) -> list[Violation]:
             found += _judge_plain(scenario, key, ev)
         elif item.kind == "group":
             found += _judge_group(scenario, key, item, ev)
+        elif item.kind == "chord":
+            found += _judge_chord(scenario, key, item, ev)
         elif item.kind == "retry":
             found += _judge_retry(scenario, key, item, ev)
         elif item.kind == "bad" and _on_a_destroyed_broker(scenario, item, key, ev):
@@ -418,7 +489,7 @@ def judge(scenario: Scenario, ev: Evidence) -> list[Violation]:
         else:
             found += _judge_beetle(scenario, key, item, ev)
         if item.kind == "chain":
-            found += _judge_second(scenario, key, item, ev)
+            found += _judge_links(scenario, key, item, ev)
     for key in sorted(ev.rolled_back):
         found += _judge_rolled_back(key, ev)
     found += _judge_order(ev)

@@ -66,6 +66,10 @@ class Publisher(threading.Thread):
             task_options=run.scenario.settings.task_options(),
             conf=run.app_conf,
         )
+        if run.scenario.chords:
+            # a chord needs the result backend; the publisher never waits for a result, so
+            # it subscribes to none (Celery's Redis backend would, for every task it sends)
+            app.backend.result_consumer.consume_from = lambda task_id: None
         with Connection(run.url, transport_options=app.conf.broker_transport_options) as conn:
             for item in run.scenario.items:
                 wait = run.started + item.at_s - time.monotonic()
@@ -89,13 +93,15 @@ class Publisher(threading.Thread):
             self._publish_chain(app, item, key)
         elif item.kind == "group":
             self._publish_group(app, item, key)
+        elif item.kind == "chord":
+            self._publish_chord(app, item, key)
         elif item.kind == "outbox":
             return self._enqueue(app, item, key)
         elif item.kind == "scoped":
             self._publish_scoped(app, conn, item, key)
         elif item.kind == "retry":
             app.tasks["ex.retry"].apply_async(
-                (item.retries, item.retry_s, item.sleep_s),
+                (item.retries, item.retry_s, item.sleep_s, item.mode == "past_max"),
                 task_id=key,
                 connection=conn,
                 retry_policy=POLICY,
@@ -116,9 +122,10 @@ class Publisher(threading.Thread):
         from celery import chain
 
         work = app.tasks["ex.work"]
-        first = work.si(item.mode, item.sleep_s).set(task_id=key)
-        second = work.si("ok", item.sleep_s).set(task_id=checker.second_key(key))
-        chain(first, second).apply_async(retry_policy=POLICY)
+        chain(
+            work.si(mode, item.sleep_s).set(task_id=checker.link_key(key, n))
+            for n, mode in enumerate(checker.chain_modes(item))
+        ).apply_async(retry_policy=POLICY)
 
     def _publish_group(self, app: Any, item: Item, key: str) -> None:
         from celery import group
@@ -128,6 +135,18 @@ class Publisher(threading.Thread):
             work.si(mode, item.sleep_s).set(task_id=checker.member_key(key, n))
             for n, mode in enumerate(item.members)
         ).apply_async(retry_policy=POLICY)
+
+    def _publish_chord(self, app: Any, item: Item, key: str) -> None:
+        from celery import chord
+
+        work = app.tasks["ex.work"]
+        members = [checker.member_key(key, n) for n in range(len(item.members))]
+        header = [
+            work.si(mode, item.sleep_s).set(task_id=member)
+            for member, mode in zip(members, item.members, strict=True)
+        ]
+        body = app.tasks["ex.join"].s(members).set(task_id=checker.chord_body_key(key))
+        chord(header, body).apply_async(retry_policy=POLICY)
 
     def _publish_scoped(self, app: Any, conn: Any, item: Item, key: str) -> None:
         """One task id to both queues of one dedup scope: one message, run once. Confirmed

@@ -202,6 +202,11 @@ class Run:
         if scenario.settings.shared_scope:
             self.queues.append(SECOND_QUEUE)
             self.app_conf["beetle_dedup_scopes"] = {SECOND_QUEUE: self.queue}
+        if scenario.chords:
+            # Celery's chords count their header in a result backend: the run's Redis (its
+            # process faults reach it), straight, not through the dedup store's proxy
+            redis = cluster.redis
+            self.app_conf["result_backend"] = f"redis://{redis.host}:{redis.port}/1"
         #: indexes (into ``nodes``) of brokers destroyed for good in this run
         self.destroyed: set[int] = set()
         #: an outbox row's id is its task id, a UUID (the outbox's own time-ordered kind,

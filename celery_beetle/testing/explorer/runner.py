@@ -29,7 +29,7 @@ from celery_beetle.testing.explorer.faults import Nemesis
 from celery_beetle.testing.explorer.ledger import read_dir
 from celery_beetle.testing.explorer.publish import Publisher
 from celery_beetle.testing.explorer.run import Cluster, Run
-from celery_beetle.testing.explorer.scenario import Scenario
+from celery_beetle.testing.explorer.scenario import RETRY_DELAY_S, Scenario
 
 __all__ = ["Cluster", "Outcome", "Run", "run_scenario"]
 
@@ -112,9 +112,12 @@ def body_seconds(scenario: Scenario) -> float:
         elif item.kind == "work" and item.mode == "overrun":
             seconds = s.timeout_s * 1.5
         elif item.kind == "retry":  # each retry a run, after its countdown
-            seconds = item.sleep_s * (item.retries + 1) + item.retry_s * item.retries
-        elif item.kind == "group":
+            wait = item.retry_s or RETRY_DELAY_S
+            seconds = item.sleep_s * (item.retries + 1) + wait * item.retries
+        elif item.kind == "group" or item.kind == "chord":
             seconds = item.sleep_s * len(item.members) * s.attempts
+        elif item.kind == "chain" and item.members:  # a link after another
+            seconds = item.sleep_s * (len(item.members) + 1) * s.attempts
         else:
             seconds = item.sleep_s
         starts = s.attempts if item.kind == "work" and item.mode in ("fail", "flaky") else 1
@@ -148,11 +151,12 @@ def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
         beetle = {k for k in publisher.confirmed if keys[k].kind in checker.BEETLE_KINDS}
         deadline = time.monotonic() + drain_deadline_s(scenario)
         trace = checker.read_trace(run.trace)
-        wanted = checker.awaited(beetle, keys, trace)
+        fragile = checker.chords_may_fail(nemesis.counts)
+        wanted = checker.awaited(beetle, keys, trace, chords_may_fail=fragile)
         while run.resolved(trace, wanted) != wanted and time.monotonic() < deadline:
             time.sleep(1)
             trace = checker.read_trace(run.trace)
-            wanted = checker.awaited(beetle, keys, trace)
+            wanted = checker.awaited(beetle, keys, trace, chords_may_fail=fragile)
         unresolved = wanted - run.resolved(trace, wanted)
         time.sleep(scenario.settings.timeout_s + 3)  # a late second outcome shows up
         if run.relay is not None:

@@ -9,12 +9,15 @@ deliveries, a migration while countdown tasks are held, a kill right after an in
 because that is where the bugs found so far were.
 
 The draw grew in versions, each from a random stream of its own (``Random(seed)``, then
-``Random(f"{seed}/2")``, ``Random(f"{seed}/3")``), so that a later version only *adds* items
-and faults: a seed keeps the settings, messages and faults an earlier version gave it
-(``tests/unit/test_explorer.py`` pins seeds 1000, 1004, 3022 and 5000). The third version
-adds ``self.retry`` bodies, groups, outbox enqueues (committed and rolled back, some with an
-ordering key) behind a ``beetle relay``, a dedup scope shared by two queues, and the faults
-of :data:`THIRD_FAULTS`.
+``Random(f"{seed}/2")``, ``Random(f"{seed}/3")``, ``Random(f"{seed}/4")``), so that a later
+version only *adds* items and faults: a seed keeps the settings, messages and faults an
+earlier version gave it (``tests/unit/test_explorer.py`` pins seeds 1000, 1004, 3022 and
+5000). The third version adds ``self.retry`` bodies, groups, outbox enqueues (committed and
+rolled back, some with an ordering key) behind a ``beetle relay``, a dedup scope shared by
+two queues, and the faults of :data:`THIRD_FAULTS`. The fourth adds chains of three or four
+links (one may fail: the links after it never run), ``self.retry`` without a countdown (the
+task's ``default_retry_delay``), bodies that retry once more than their ``max_retries`` and,
+in a quarter of the scenarios, chords (their workers then have a result backend).
 
 A scenario is a plain dataclass: printable (:meth:`Scenario.describe`), serialisable
 (:meth:`Scenario.to_json`), and reducible (:mod:`.shrink` drops items, faults and workers
@@ -33,6 +36,7 @@ __all__ = [
     "BODY_MODES",
     "FAULT_KINDS",
     "NETWORK_FAULTS",
+    "RETRY_DELAY_S",
     "SECOND_QUEUE",
     "THIRD_FAULTS",
     "Fault",
@@ -72,6 +76,8 @@ NETWORK_FAULTS: dict[str, int] = {
 THIRD_FAULTS = ("relay_kill", "broker_destroy", "queues_apply", "latency")
 #: the queue that shares the main queue's dedup scope (``Settings.shared_scope``)
 SECOND_QUEUE = "explore2"
+#: ``ex.retry``'s ``default_retry_delay``: the wait of a ``self.retry()`` without a countdown
+RETRY_DELAY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -114,11 +120,17 @@ class Item:
     ``ex.work`` tasks in a chain, the first with body ``mode``, the second ``ok``).
 
     Third version: ``retry`` (an ``ex.retry`` body that calls ``self.retry`` ``retries``
-    times, ``retry_s`` apart, then returns), ``group`` (a group of ``ex.work`` tasks, one
+    times, ``retry_s`` apart, then returns; fourth version: ``retry_s`` 0 calls it without a
+    countdown, and ``mode`` ``past_max`` calls it once more, past ``max_retries``: Celery
+    raises ``MaxRetriesExceededError`` in the body), ``group`` (a group of ``ex.work`` tasks, one
     per mode in ``members``), ``outbox`` (an ``ok`` ``ex.work`` enqueued through the outbox
     in a transaction that ``mode`` ``commit``s or ``rollback``s, with ``ordering_key`` when
     not empty, due after ``countdown_s``), ``scoped`` (one ``ok`` ``ex.work`` published to
-    the main queue and to SECOND_QUEUE under one task id: one message of one scope)."""
+    the main queue and to SECOND_QUEUE under one task id: one message of one scope).
+    Fourth version: a ``chain`` with ``members`` has a link per member after the first
+    (``mode``), each with the body the member names; a ``chord`` is a header of ``ex.work``
+    tasks, one per mode in ``members``, and an ``ex.join`` body that checks it got every
+    header task's result."""
 
     index: int
     kind: str
@@ -151,6 +163,11 @@ class Scenario:
     settings: Settings
     items: tuple[Item, ...]
     faults: tuple[Fault, ...] = field(default=())
+
+    @property
+    def chords(self) -> bool:
+        """Whether it publishes chords: its workers then need a result backend."""
+        return any(i.kind == "chord" for i in self.items)
 
     @property
     def publish_s(self) -> float:
@@ -314,6 +331,7 @@ def draw(seed: int) -> Scenario:
     settings = _third_settings(third, settings, faults)
     items += _third_items(third, settings, len(items), publish_s)
     faults = _third_faults(third, settings, faults, publish_s)
+    items += _fourth_items(random.Random(f"{seed}/4"), len(items), publish_s)
     items = tuple(sorted(items, key=lambda i: i.at_s))
     return Scenario(seed, settings, items, faults)
 
@@ -380,3 +398,31 @@ def _third_faults(
             Fault(at(publish_s + 2), "latency", target, round(rng.uniform(1, 6), 1), delay)
         )
     return tuple(sorted((*faults, *added), key=lambda f: f.at_s))
+
+
+def _fourth_items(rng: random.Random, first: int, publish_s: float) -> tuple[Item, ...]:
+    """Chains of three or four links (the first ``ok`` or ``fatal``, then ``ok`` links, one
+    of them ``fatal`` now and then); ``self.retry`` without a countdown; a body that retries
+    once more than its ``max_retries``; now and then chords of 2-4 header tasks (one of
+    them ``fatal`` now and then: the body never runs)."""
+    items: list[Item] = []
+
+    def add(kind: str, mode: str = "ok", **fields: Any) -> None:
+        sleep_s = round(rng.uniform(0.01, 0.3), 3)
+        at_s = round(rng.uniform(0, publish_s), 2)
+        items.append(Item(first + len(items), kind, mode, sleep_s, at_s, **fields))
+
+    for _ in range(rng.choice([0, 0, 1, 3])):
+        links = rng.randint(2, 3)  # after the first
+        members = tuple(rng.choices(["ok", "fatal"], weights=[85, 15], k=links))
+        add("chain", rng.choices(["ok", "fatal"], weights=[85, 15])[0], members=members)
+    for _ in range(rng.choice([0, 0, 1, 2])):
+        add("retry", retries=rng.choice([1, 2]), retry_s=0.0)
+    for _ in range(rng.choice([0, 0, 1, 2])):
+        countdown = rng.choice([0.0, round(rng.uniform(0.2, 1.5), 1)])
+        add("retry", "past_max", retries=rng.choice([0, 1, 2]), retry_s=countdown)
+    if rng.random() < 0.25:  # a result backend for the scenario's workers (Scenario.chords)
+        for _ in range(rng.randint(1, 3)):
+            size = rng.randint(2, 4)
+            add("chord", members=tuple(rng.choices(["ok", "fatal"], weights=[85, 15], k=size)))
+    return tuple(items)

@@ -119,6 +119,7 @@ def test_a_delivery_at_the_limit_is_renewed_so_a_restart_after_it_loses_nothing(
     assert stored_dead_letters(brokers) == 0
 
 
+@pytest.mark.timeout(900)  # five 20 s outages, a flapping Redis, then the drain
 def test_repeated_redis_outages_and_restarts_on_limited_quorum_queues_lose_nothing(
     limited, redis_aof, client, eo_worker
 ):

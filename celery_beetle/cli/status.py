@@ -12,6 +12,7 @@ import sys
 import click
 
 from celery_beetle.cli import report
+from celery_beetle.ops.cli_options import check_redis_url
 
 __all__ = ["status"]
 
@@ -87,6 +88,11 @@ def status(
     """
     broker_url = _url_from(broker_url, broker_url_file, "broker", required=True)
     redis_url = _url_from(redis_url, redis_url_file, "dedup store", required=False)
+    try:
+        check_redis_url(None, None, redis_url)
+    except click.BadParameter as exc:
+        exc.param_hint = "--redis"
+        raise
     assert broker_url is not None
     from rich.console import Console
     from rich.markup import escape

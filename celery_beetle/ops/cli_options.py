@@ -33,21 +33,16 @@ broker_option = click.option(
 
 
 def check_redis_url(ctx: click.Context | None, param: Any, url: str | None) -> str | None:
-    """A click callback: a Redis URL whose scheme or port cannot be right is a usage error
-    naming it, before anything connects."""
-    from urllib.parse import urlsplit
+    """A click callback: a store URL that cannot be right is a usage error naming what is
+    wrong, before anything connects (:func:`celery_beetle.store.address.parse_store_url`)."""
+    from celery_beetle.store.address import parse_store_url
 
     if url is None:
         return None
     try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018  (raises on a port that is not a number from 0 to 65535)
+        parse_store_url(url)
     except ValueError as exc:
-        raise click.BadParameter(f"{exc} in the Redis URL", ctx, param) from None
-    if parts.scheme not in ("redis", "rediss", "unix"):
-        raise click.BadParameter(
-            "expected redis://[:password@]host[:port][/db] (or rediss://, unix://)", ctx, param
-        )
+        raise click.BadParameter(str(exc), ctx, param) from None
     return url
 
 

@@ -8,7 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from celery_beetle.cli import main
-from celery_beetle.ops.dead_letters import DeadLetter, DeadLetterNotFound, resolve_ids, short_ids
+from celery_beetle.ops import dead_letters
+from celery_beetle.ops.dead_letters import DeadLetter
 from celery_beetle.ops.fleet import FleetConsumer, FleetReport
 
 
@@ -37,7 +38,7 @@ def test_help_lists_dead_letters_once_and_the_dead_alias_still_answers():
 
 def test_a_short_id_is_the_shortest_unique_prefix_of_at_least_eight_characters():
     letters = [letter("8ada1f00-aaaa"), letter("8ada1f00-abbb"), letter("c0ffee00-1234")]
-    assert short_ids(letters) == {
+    assert dead_letters.short_ids(letters) == {
         "8ada1f00-aaaa": "8ada1f00-aa",
         "8ada1f00-abbb": "8ada1f00-ab",
         "c0ffee00-1234": "c0ffee00",
@@ -46,7 +47,10 @@ def test_a_short_id_is_the_shortest_unique_prefix_of_at_least_eight_characters()
 
 def test_a_unique_prefix_names_its_dead_letter_and_a_whole_id_names_itself():
     letters = [letter("8ada1f00-aaaa"), letter("8ada1f00-abbb"), letter("8ada")]
-    assert resolve_ids(letters, ["8ada1f00-aa", "8ada"], "jobs") == ["8ada1f00-aaaa", "8ada"]
+    assert dead_letters.resolve_ids(letters, ["8ada1f00-aa", "8ada"], "jobs") == [
+        "8ada1f00-aaaa",
+        "8ada",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -55,8 +59,8 @@ def test_a_unique_prefix_names_its_dead_letter_and_a_whole_id_names_itself():
 )
 def test_an_unknown_or_ambiguous_id_is_an_error_naming_it(given: str, said: str):
     letters = [letter("8ada1f00-aaaa"), letter("8ada1f00-abbb")]
-    with pytest.raises(DeadLetterNotFound, match=said):
-        resolve_ids(letters, [given], "jobs")
+    with pytest.raises(LookupError, match=said):
+        dead_letters.resolve_ids(letters, [given], "jobs")
 
 
 def test_fleet_lines_its_columns_up_under_the_header(monkeypatch: Any):
@@ -109,8 +113,6 @@ def test_ids_are_taken_positional_or_with_id_everywhere(args: list[str]):
 
 
 def test_a_queue_given_the_old_way_works_with_a_deprecation_warning(monkeypatch: Any):
-    from celery_beetle.ops import dead_letters
-
     monkeypatch.setattr(dead_letters, "list_dead_letters", lambda url, queue: ([], {}))
     old = CliRunner().invoke(main, ["dead", "list", "jobs", "--broker", "beetle://h1/"])
     new = CliRunner().invoke(main, ["dead", "list", "-Q", "jobs", "--broker", "beetle://h1/"])

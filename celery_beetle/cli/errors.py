@@ -61,6 +61,16 @@ def translate(exc: Exception, params: Mapping[str, Any]) -> click.ClickException
             f"{exc}; check that the brokers are up and the user and password in the "
             "beetle:// URL (--broker or $BEETLE_BROKER_URL)"
         )
+    kombu_errors = sys.modules.get("kombu_beetle.errors")
+    if kombu_errors is not None and isinstance(
+        exc, (kombu_errors.InvalidBrokerURL, kombu_errors.InvalidTransportOption)
+    ):
+        return click.BadParameter(str(exc), param_hint="--broker")
+    kombu = sys.modules.get("kombu.exceptions")
+    if kombu is not None and isinstance(exc, kombu.OperationalError):
+        return _server(
+            params, "broker_url", _one_line(exc), "are the brokers up, the user and password right?"
+        )
     redis = sys.modules.get("redis.exceptions")
     if redis is not None and isinstance(exc, redis.AuthenticationError):
         return _server(params, "redis_url", _one_line(exc), "check the password in the URL")

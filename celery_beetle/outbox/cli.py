@@ -87,10 +87,18 @@ def relay(
     if not broker_url or not broker_url.startswith("beetle://"):
         raise click.UsageError("the relay needs a beetle:// broker URL (--broker or the app's)")
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     with Connection(broker_url, transport_options=options) as conn:
-        conn.ensure_connection(max_retries=30)
+        # bounded: --once gives up after seconds, a long-running relay after about two
+        # minutes; each failed attempt is one line, and SIGTERM still ends the wait
+        conn.ensure_connection(
+            max_retries=2 if once else 30, interval_start=1, interval_step=1, interval_max=5,
+            errback=lambda exc, interval: click.echo(
+                f"beetle relay: brokers not reachable ({exc}); again in {interval:.0f} s",
+                err=True,
+            ),
+        )  # fmt: skip
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
         the_relay = Relay(engine, conn.channel(), batch_size=batch_size, listen=listen)
         if once:
             while not stop.is_set():

@@ -305,9 +305,10 @@ def fleet(
     if report.errors and len(report.errors) >= len(clients):
         report_errors(report.errors)
         raise click.ClickException(
-            "no broker's management API answered, so nothing can be said about the "
-            "consumers; is the management plugin enabled and reachable "
-            "(--management-port, --management-tls, --management-url)?"
+            "no broker's management API could be read (above), so nothing can be said "
+            "about the consumers; check that the management plugin is enabled and reachable "
+            "(--management-port, --management-tls, --management-url) and the URL's user "
+            "and password"
         )
     if as_json:
         click.echo(json.dumps([asdict(c) for c in report.consumers], indent=2))

@@ -116,6 +116,8 @@ def good(brokers: Any, redis_url: str, tmp_path: Path) -> dict[str, Any]:
         "db_url": f"postgresql://beetle@127.0.0.1:{free_port()}/beetle",
         "config_path": str(config),
         "queue": "jobs",
+        "positionals": ["8ada1f00"],
+        "ids": ["nosuchid"],
         "names": "jobs",
         "task": "t.a",
         "queue_type": "quorum",

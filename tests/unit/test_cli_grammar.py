@@ -93,7 +93,7 @@ def test_fleet_without_an_answering_management_api_is_an_error_and_prints_no_tab
     result = CliRunner().invoke(main, ["fleet", "--broker", "beetle://h1/"])
     assert result.exit_code == 1
     assert "consumer(s)" not in result.output and "kind" not in result.output
-    assert "h1:5672" in result.output and "management" in result.output
+    assert "h1:5672" in result.output and "management plugin" in result.output
 
 
 @pytest.mark.parametrize(

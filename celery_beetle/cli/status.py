@@ -66,6 +66,7 @@ def _url_from(value: str | None, path: str | None, what: str, required: bool) ->
     help="With --watch: a worker's metrics endpoint (beetle_metrics_port), e.g. "
     "http://worker1:9808/metrics, for gate verdicts and dead letters (repeatable).",
 )
+@click.option("--json", "as_json", is_flag=True, help="JSON for scripts (not with --watch).")
 def status(
     broker_url: str | None,
     broker_url_file: str | None,
@@ -74,6 +75,7 @@ def status(
     queues: tuple[str, ...],
     watch: bool,
     metrics_urls: tuple[str, ...],
+    as_json: bool,
 ) -> None:
     """Is every broker of BROKER_URL (a beetle:// URL) up, and the dedup store?
 
@@ -102,6 +104,8 @@ def status(
 
     if metrics_urls and not watch:
         raise click.UsageError("--metrics goes with --watch")
+    if as_json and watch:
+        raise click.UsageError("--json is for one report, not with --watch")
     if watch:
         from celery_beetle.cli.top import watch as live_view
 
@@ -116,6 +120,9 @@ def status(
         reports = report.brokers(broker_url, queues)
     except (InvalidBrokerURL, InvalidTransportOption) as exc:
         raise click.BadParameter(str(exc), param_hint="BROKER_URL")
+    if as_json:
+        _print_json(reports, report.store(redis_url) if redis_url else None)
+        return
     # names, versions and errors come from outside: escaped, so that rich shows their
     # brackets rather than reading them as markup ("[/db]" in a bad URL's error)
     table = Table(title="brokers")
@@ -145,4 +152,20 @@ def status(
                 f"dedup store {escape(found.url)}: [red]down[/] {escape(str(found.error))}"
             )
         healthy = healthy and found.up
+    sys.exit(0 if healthy else 1)
+
+
+def _print_json(reports: list[report.BrokerStatus], found: report.StoreStatus | None) -> None:
+    """The same report as one JSON document; exit 1 when a broker or the store is down."""
+    import json
+    from dataclasses import asdict
+
+    brokers = [
+        {**asdict(b), "queues": {q: None if d is None else {"ready": d[0], "consumers": d[1]}
+                                 for q, d in b.queues.items()}}
+        for b in reports
+    ]  # fmt: skip
+    store = asdict(found) if found is not None else None
+    click.echo(json.dumps({"brokers": brokers, "store": store}, indent=2))
+    healthy = all(b.up for b in reports) and (found is None or found.up)
     sys.exit(0 if healthy else 1)

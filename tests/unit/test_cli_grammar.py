@@ -128,3 +128,39 @@ def test_every_command_that_names_one_queue_spells_it_dash_q():
         for param in command_at(path).params:
             if param.name in ("queue", "queues", "names"):
                 assert "-Q" in param.opts and "--queue" in param.opts, (path, param.opts)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        ("dead-letters", "list"),
+        ("dead-letters", "replay"),
+        ("fleet",),
+        ("outbox", "list"),
+        ("status",),
+    ],
+)
+def test_every_listing_has_json(path: tuple[str, ...]):
+    from tests.ops.test_cli_bad_input import command_at
+
+    assert "--json" in {opt for param in command_at(path).params for opt in param.opts}
+
+
+def test_status_json_says_each_broker_and_the_store_and_exits_1_when_one_is_down(monkeypatch: Any):
+    import json
+
+    from celery_beetle.cli import report
+
+    down = report.BrokerStatus("h2:5672", up=False, error="ConnectionRefusedError")
+    up = report.BrokerStatus("h1:5672", up=True, version="3.13.7", queues={"celery": (3, 1)})
+    monkeypatch.setattr(report, "brokers", lambda url, queues: [up, down])
+    store = report.StoreStatus("redis://h", up=True, latency_ms=0.5, keys=2, used_memory="1M")
+    monkeypatch.setattr(report, "store", lambda url: store)
+    result = CliRunner().invoke(
+        main, ["status", "beetle://h1,h2/", "--redis", "redis://h", "-Q", "celery", "--json"]
+    )
+    assert result.exit_code == 1
+    found = json.loads(result.output)
+    assert found["brokers"][0]["queues"] == {"celery": {"ready": 3, "consumers": 1}}
+    assert found["brokers"][1]["error"] == "ConnectionRefusedError"
+    assert found["store"]["keys"] == 2

@@ -12,7 +12,7 @@ import sys
 import click
 
 from celery_beetle.cli import report
-from celery_beetle.ops.cli_options import check_redis_url
+from celery_beetle.ops.cli_options import HiddenArgument, check_redis_url
 
 __all__ = ["status"]
 
@@ -33,13 +33,20 @@ def _url_from(value: str | None, path: str | None, what: str, required: bool) ->
     if required and not value:
         raise click.UsageError(
             f"no {what} URL: set BEETLE_BROKER_URL or BEETLE_BROKER_URL_FILE, "
-            "or give --broker-url-file (or BROKER_URL)"
+            "or give --broker or --broker-url-file"
         )
     return value or None
 
 
 @click.command()
-@click.argument("broker_url", envvar="BEETLE_BROKER_URL", required=False)
+@click.option(
+    "--broker",
+    "-b",
+    "broker_url",
+    envvar="BEETLE_BROKER_URL",
+    help="The beetle:// URL of the brokers (or $BEETLE_BROKER_URL).",
+)
+@click.argument("legacy_broker_url", required=False, cls=HiddenArgument)
 @click.option(
     "--broker-url-file",
     envvar="BEETLE_BROKER_URL_FILE",
@@ -69,6 +76,7 @@ def _url_from(value: str | None, path: str | None, what: str, required: bool) ->
 @click.option("--json", "as_json", is_flag=True, help="JSON for scripts (not with --watch).")
 def status(
     broker_url: str | None,
+    legacy_broker_url: str | None,
     broker_url_file: str | None,
     redis_url: str | None,
     redis_url_file: str | None,
@@ -77,17 +85,24 @@ def status(
     metrics_urls: tuple[str, ...],
     as_json: bool,
 ) -> None:
-    """Is every broker of BROKER_URL (a beetle:// URL) up, and the dedup store?
+    """Is every broker of the beetle:// URL (--broker) up, and the dedup store?
 
     Exits 1 when a broker or the store is down, so it can serve as a health check.
     --watch shows the same live, with the workers' verdict rates and dead letters
     from their --metrics endpoints.
 
-    A URL given on the command line (BROKER_URL, --redis) is visible to every user of the
+    A URL given on the command line (--broker, --redis) is visible to every user of the
     machine through ps: pass URLs with passwords in BEETLE_BROKER_URL / BEETLE_REDIS_URL,
     or in files named by --broker-url-file / --redis-file (or BEETLE_BROKER_URL_FILE /
     BEETLE_REDIS_URL_FILE). Passwords are masked in the output.
     """
+    if legacy_broker_url:
+        click.echo(
+            "warning: the broker URL as an argument is deprecated and will be refused in "
+            "the next release: give it with --broker (or $BEETLE_BROKER_URL)",
+            err=True,
+        )
+        broker_url = legacy_broker_url
     broker_url = _url_from(broker_url, broker_url_file, "broker", required=True)
     redis_url = _url_from(redis_url, redis_url_file, "dedup store", required=False)
     try:
@@ -112,14 +127,14 @@ def status(
         try:
             live_view(broker_url, redis_url, queues, metrics_urls)
         except (InvalidBrokerURL, InvalidTransportOption) as exc:
-            raise click.BadParameter(str(exc), param_hint="BROKER_URL")
+            raise click.BadParameter(str(exc), param_hint="--broker")
         except KeyboardInterrupt:
             pass
         return
     try:
         reports = report.brokers(broker_url, queues)
     except (InvalidBrokerURL, InvalidTransportOption) as exc:
-        raise click.BadParameter(str(exc), param_hint="BROKER_URL")
+        raise click.BadParameter(str(exc), param_hint="--broker")
     if as_json:
         _print_json(reports, report.store(redis_url) if redis_url else None)
         return

@@ -157,10 +157,32 @@ def test_status_json_says_each_broker_and_the_store_and_exits_1_when_one_is_down
     store = report.StoreStatus("redis://h", up=True, latency_ms=0.5, keys=2, used_memory="1M")
     monkeypatch.setattr(report, "store", lambda url: store)
     result = CliRunner().invoke(
-        main, ["status", "beetle://h1,h2/", "--redis", "redis://h", "-Q", "celery", "--json"]
+        main, ["status", "-b", "beetle://h1,h2/", "--redis", "redis://h", "-Q", "celery", "--json"]
     )
     assert result.exit_code == 1
     found = json.loads(result.output)
     assert found["brokers"][0]["queues"] == {"celery": {"ready": 3, "consumers": 1}}
     assert found["brokers"][1]["error"] == "ConnectionRefusedError"
     assert found["store"]["keys"] == 2
+
+
+def test_status_takes_the_broker_url_with_broker_and_the_old_argument_with_a_warning(
+    monkeypatch: Any,
+):
+    from celery_beetle.cli import report
+
+    seen: list[str] = []
+    monkeypatch.setattr(report, "brokers", lambda url, queues: seen.append(url) or [])
+    new = CliRunner().invoke(main, ["status", "--broker", "beetle://h1,h2/"])
+    old = CliRunner().invoke(main, ["status", "beetle://h1,h2/"])
+    assert new.exit_code == old.exit_code == 0 and seen == ["beetle://h1,h2/"] * 2
+    assert "deprecated" in old.output and "deprecated" not in new.output
+
+
+def test_every_command_that_reads_brokers_takes_them_with_broker():
+    from tests.ops.test_cli_bad_input import command_at, leaf_commands
+
+    for path in leaf_commands(main):
+        for param in command_at(path).params:
+            if param.name == "broker_url":
+                assert "--broker" in param.opts and "-b" in param.opts, (path, param.opts)

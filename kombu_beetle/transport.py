@@ -145,7 +145,7 @@ class Transport(base.Transport):
         """False: a prefetch change reaches the running consumers (Celery's "global QoS"),
         on classic and quorum queues alike, on every RabbitMQ version. The channel applies
         Celery's count channel-wide where it may, and per consumer, consuming again, where
-        it may not (:mod:`kombu_beetle.prefetch`); it does not follow Celery's ``global``
+        it may not (``kombu_beetle.prefetch``); it does not follow Celery's ``global``
         flag. So Celery widens the window for the countdown/ETA tasks it holds, and reduces
         it after a reconnect and widens it back, as on pyamqp with RabbitMQ 3.x."""
         return False

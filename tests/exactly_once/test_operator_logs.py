@@ -43,6 +43,11 @@ def test_a_broker_lost_and_back_is_said_once_each_way_whatever_connections_notic
     assert len(_lines(log, f"broker {name} is up again")) == 1, log[-4000:]
 
 
+def _around(log: str, what: str) -> str:
+    at = log.find(what)
+    return log[max(0, at - 1500) : at + 3000] if at >= 0 else log[-3000:]
+
+
 def _store_lines(log: str) -> tuple[list[str], list[str]]:
     """The outage's start lines and end lines."""
     return _lines(log, r"dedup store \S+ is unreachable"), _lines(
@@ -126,3 +131,30 @@ def test_with_wait_replicas_the_gate_resumes_only_once_a_write_gets_a_replica_s_
     began, ended = _store_lines(log)
     assert (len(began), len(ended)) == (1, 1), log[-4000:]
     assert "Traceback" not in log, log[-4000:]
+
+
+def test_after_a_sentinel_failover_the_gate_resumes_once_the_new_master_has_a_replica(
+    client, eo_worker, redis_sentinel
+):
+    """The new master takes plain writes at once but none of the store's, which wait for a
+    replica: the gate pauses once and resumes once, when the old master rejoins."""
+    conf = {"BEETLE_TEST_CONF": json.dumps({"beetle_redis_wait_replicas": 1})}
+    worker = eo_worker(redis=redis_sentinel.url, pool="prefork", concurrency=2, extra_env=conf)
+    app = client()
+    app.tasks["eo.record"].delay(0)
+    assert wait_until(lambda: counts([worker])[0] == 1, timeout=20)
+    old = redis_sentinel.kill_master()
+    redis_sentinel.wait_failover(old)
+    items = list(range(1, 11))
+    for item in items:
+        app.tasks["eo.record"].delay(item)
+    assert wait_until(lambda: _store_lines(worker.log_text())[0], timeout=20)
+    time.sleep(3)  # the new master without a replica: a probe that does not wait resumes
+    assert _store_lines(worker.log_text())[1] == [], worker.log_text()[-4000:]
+    redis_sentinel.rejoin(old)
+    assert wait_until(lambda: set(counts([worker])) == {0, *items}, timeout=60)
+    assert counts([worker], "start") == dict.fromkeys([0, *items], 1)
+    log = worker.log_text()
+    began, ended = _store_lines(log)
+    assert (len(began), len(ended)) == (1, 1), log[-4000:]
+    assert "Traceback" not in log, _around(log, "Traceback")

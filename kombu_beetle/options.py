@@ -358,11 +358,22 @@ def build_options(
     values["ssl"] = ssl
     values["amqp_options"] = amqp_options
     options = BeetleOptions(**values)
-    _validate(url, options)
+    _validate(url, options, redundancy_given="redundancy" in merged)
     return options
 
 
-def _validate(url: str, options: BeetleOptions) -> None:
+def _validate(url: str, options: BeetleOptions, *, redundancy_given: bool = False) -> None:
+    """Refuse settings that cannot mean what they say. The default redundancy is kept on a
+    one-broker URL (a message then goes out once, and says so in its flags); a redundancy
+    asked for explicitly must have that many brokers to publish to."""
+    brokers = len(options.brokers)
+    if redundancy_given and options.redundancy > brokers:
+        raise InvalidTransportOption(
+            f"redundancy={options.redundancy} asks for {options.redundancy} copies of a message "
+            f"on distinct brokers, but the URL names {brokers} broker(s) "
+            f"({', '.join(b.name for b in options.brokers)}): set redundancy to at most "
+            f"{brokers}, or name more brokers"
+        )
     if options.publish_strategy not in PUBLISH_STRATEGIES:
         raise InvalidTransportOption(
             f"publish_strategy={options.publish_strategy!r} is not one of "

@@ -20,7 +20,8 @@ Transport Options
 =================
 In the URL query or ``broker_transport_options`` (the latter wins):
 
-* ``redundancy`` (2): copies of a redundant message, on distinct brokers.
+* ``redundancy`` (2): copies of a redundant message, on distinct brokers; one set above the
+  number of brokers in the URL is refused.
 * ``publish_strategy`` (``round_robin``): or ``primary``, every non-redundant
   message to the first live broker in URL order (keeps one queue's order).
 * ``confirm_publish`` (true), ``confirm_timeout`` (5 s): publisher confirms;

@@ -469,7 +469,7 @@ class DeliveryGate(Holding, ClaimKeeping, StoreOutage, BadInputHandling):
 
     def _next_owner(self) -> str:
         """A claim's owner: unique per claim (the counter comes first, as the store keeps
-        at most :data:`~.state.MAX_OWNER_LENGTH` characters)."""
+        at most :data:`~celery_beetle.store.state.MAX_OWNER_LENGTH` characters)."""
         self._claims += 1
         return f"{self._claims:x}.{self._owner_base}"[:MAX_OWNER_LENGTH]
 

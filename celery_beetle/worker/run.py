@@ -10,7 +10,7 @@ attempt counts and the full lease begins, so ``attempts`` counts bodies that beg
 delivery that only waited in the pool's queue when its worker died uses none. A reservation
 another copy took over meanwhile is not ours: the copy goes back to the gate. A body that
 succeeds on the gate's claim costs the pool no other round trip, as the gate stores the
-completion before it acks; two rules keep that safe:
+completion before it acks; three rules keep that safe:
 
 - an early ack (``acks_late=False``) comes before the body and proves nothing, so such a run
   stores its completion here;
@@ -32,7 +32,7 @@ No error of the store's may end with the delivery acked while its outcome is not
   lost is recognised as this run's own), then the delivery is handed back
   (:class:`~.errors.HandBack`): the gate requeues it after a backoff, pauses if the store is
   unavailable, and releases the claim by its owner once Redis answers;
-- a completion or failure is retried until stored (:func:`~.redis_health.call_until_stored`);
+- a completion or failure is retried until stored (:func:`~celery_beetle.store.health.call_until_stored`);
 - a dead letter that cannot be published hands the delivery back; the record keeps it owed,
   so another copy publishes it after the owner's lease.
 

@@ -14,17 +14,17 @@ deliveries before the pool, and the opt-in ``BeetleTask`` base class::
     def charge(order_id): ...
 
 Settings (``app.conf.beetle_*``): :mod:`celery_beetle.settings`. Task options:
-:mod:`celery_beetle.task`. What the worker does with each delivery:
-:mod:`celery_beetle.worker.gate`.
+``celery_beetle.task``. What the worker does with each delivery:
+``celery_beetle.worker.gate``.
 
 The package: the public surface at the top (this module's :func:`install`,
-:mod:`celery_beetle.task`, :mod:`celery_beetle.settings`, :mod:`celery_beetle.metrics`,
+``celery_beetle.task``, :mod:`celery_beetle.settings`, ``celery_beetle.metrics``,
 :mod:`celery_beetle.censor`) and a folder per wing, each ``__init__`` its map and its import
-rules: :mod:`celery_beetle.store` (the dedup store and its rules), :mod:`celery_beetle.worker`
-(what runs inside a Celery worker), :mod:`celery_beetle.ops` (the operator's tools),
-:mod:`celery_beetle.outbox`, :mod:`celery_beetle.audit`, :mod:`celery_beetle.cli` (the
+rules: ``celery_beetle.store`` (the dedup store and its rules), ``celery_beetle.worker``
+(what runs inside a Celery worker), ``celery_beetle.ops`` (the operator's tools),
+:mod:`celery_beetle.outbox`, ``celery_beetle.audit``, ``celery_beetle.cli`` (the
 ``beetle`` command), :mod:`celery_beetle.testing` (the pytest plugin's parts) and
-:mod:`celery_beetle.contrib`. The store is at the bottom, then the settings and metrics,
+``celery_beetle.contrib``. The store is at the bottom, then the settings and metrics,
 the worker, the task and the operator's wings; :func:`install` assembles them
 (``tests/unit/test_import_rules.py`` checks):
 
@@ -60,9 +60,9 @@ def install(app: Any) -> Any:
 
     Adds the gate bootstep to the worker's consumer (it reads and validates ``app.conf``'s
     ``beetle_*`` settings when the worker starts, so a mistake stops the worker before its
-    first message) and the queue-policy step (:mod:`celery_beetle.ops.worker`, idle unless
+    first message) and the queue-policy step (``celery_beetle.ops.worker``, idle unless
     ``beetle_queue_policies`` is set) and the hand-back a queue migration asks for
-    (:mod:`celery_beetle.ops.handback_control`), registers the ``beetle://`` transport,
+    (``celery_beetle.ops.handback_control``), registers the ``beetle://`` transport,
     flushes trace events when a pool process exits, and makes Celery's reports (``celery report``,
     ``celery inspect conf``) censor the settings that can hold a credential
     (``beetle_redis_url``, ``beetle_outbox_db``, ``beetle_management``: :mod:`celery_beetle.censor`)
@@ -71,7 +71,7 @@ def install(app: Any) -> Any:
     trace too (the transport's ``trace_dir`` option), so the audit sees both ends;
     ``beetle_dedup_scopes`` goes to the transport's ``dedup_scopes`` likewise, so that both
     ends name a message by the same scope. Calling it twice is harmless. A dependency older
-    than beetle's floor (:data:`celery_beetle.versions.FLOORS`) stops it with an error that
+    than beetle's floor (``celery_beetle.versions.FLOORS``) stops it with an error that
     names the package.
     """
     from celery.exceptions import ImproperlyConfigured

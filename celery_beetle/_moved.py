@@ -1,4 +1,4 @@
-"""The module paths that moved into the wings (#29), kept for one release.
+"""The module paths that moved into the wings, kept for one release.
 
 ``celery_beetle.gate`` is now :mod:`celery_beetle.worker.gate`, ``celery_beetle.outcome``
 :mod:`celery_beetle.store.outcome`, and so on (:data:`MOVED`); two names left a module that

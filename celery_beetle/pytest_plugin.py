@@ -44,7 +44,7 @@ value), ``beetle_app_conf`` (more ``app.conf`` for both ends), ``beetle_transpor
 
 Servers run from the installed ``rabbitmq-server`` / ``redis-server`` binaries, or in
 containers through testcontainers when a Docker engine answers
-(``BEETLE_TEST_SERVERS=auto|local|containers``, see :mod:`celery_beetle.testing.servers`).
+(``BEETLE_TEST_SERVERS=auto|local|containers``, see ``celery_beetle.testing.servers``).
 The nodes and the store live for the session; each test gets its own vhost and an empty
 store, and a node a test killed or froze is brought back before the next.
 

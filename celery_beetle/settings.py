@@ -27,7 +27,7 @@ Read from the Celery app's configuration (``app.conf``):
                                 scope; a queue not named is its own scope
 ``beetle_metrics_port``         serve Prometheus metrics on this port from the
                                 worker's main process (unset: none; see
-                                :mod:`celery_beetle.metrics`)
+                                ``celery_beetle.metrics``)
 ``beetle_metrics_addr``         the address to serve them on (``0.0.0.0``)
 ``beetle_delivery_renewal``     a delivery a quorum queue has counted this often
                                 (``x-delivery-count``) is replaced by a fresh copy
@@ -38,7 +38,7 @@ Read from the Celery app's configuration (``app.conf``):
 ``beetle_dead_letter_retention``: how long the record of a message given up (its dead letter
 stored) is kept at least, seconds (30 days), as its dead letter may wait that long in
 ``<queue>.dead``: a replay proves from it that the message never completed
-(:func:`celery_beetle.store.outcome.decide_replay`). One small hash per dead letter.
+(``celery_beetle.store.outcome.decide_replay``). One small hash per dead letter.
 
 The dedup store's URL (``beetle_redis_url``) takes the forms of
 :mod:`celery_beetle.store.address` (Redis, Sentinel or Cluster, each with or without TLS),
@@ -46,7 +46,7 @@ checked here so that a typo stops the worker before its first message.
 
 A task overrides the limits with its own ``timeout``, ``attempts``, ``exceptions``,
 ``retry_delay``, ``max_delay`` and ``retry_on`` (:data:`TASK_OPTIONS`, applied by
-:func:`celery_beetle.task.resolve_settings`). The limits follow beetle: a message runs at most
+``celery_beetle.task.resolve_settings``). The limits follow beetle: a message runs at most
 ``attempts`` times, and gives up at the ``exceptions + 1``-th exception, so ``exceptions``
 above ``attempts - 1`` could never take effect and is refused.
 
@@ -244,7 +244,7 @@ class BeetleSettings:
     delivery_renewal: int = 10
     claim_in_idle_pool: bool = True
     trace_dir: str | None = None
-    #: ``{physical queue: dedup scope}`` (:mod:`kombu_beetle.scopes`)
+    #: ``{physical queue: dedup scope}`` (``kombu_beetle.scopes``)
     dedup_scopes: Mapping[str, str] = field(default_factory=dict)
     #: the worker serves Prometheus metrics on this port (None: no metrics)
     metrics_port: int | None = None
@@ -403,8 +403,9 @@ class BeetleSettings:
         return isinstance(exc, self.retry_on_classes)
 
     def with_options(self, **options: Any) -> BeetleSettings:
-        """These settings with task options (the names of :data:`TASK_OPTIONS`) over them;
-        None keeps the default. ``delay`` is taken for ``retry_delay``, with a warning."""
+        """These settings with task options (the names of
+        :data:`~celery_beetle.settings.TASK_OPTIONS`) over them; None keeps the default.
+        ``delay`` is taken for ``retry_delay``, with a warning."""
         for old, new in DEPRECATED_OPTIONS.items():
             if old in options:
                 options[new] = take_deprecated(options, old, new, options.pop(old))

@@ -154,7 +154,7 @@ class BeetleTask(Task):
     acks_on_timeout = False
     reject_on_worker_lost = True
     retry_on_worker_lost = False
-    #: tells the gate which runs completed (see :class:`BeetleRequest`)
+    #: tells the gate which runs completed (see ``celery_beetle.task.BeetleRequest``)
     Request = "celery_beetle.task:BeetleRequest"
 
     #: the options of :data:`~celery_beetle.settings.TASK_OPTIONS`; None = the app-wide default

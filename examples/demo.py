@@ -258,7 +258,7 @@ def dead_letter_and_replay(app, broker_url: str, redis_url: str, base: Path) -> 
     while not letters and time.monotonic() < deadline:
         time.sleep(0.3)
         letters, _ = list_dead_letters(broker_url, "celery")
-    table = Table(title="beetle dead list celery")
+    table = Table(title="beetle dead list -Q celery")
     for column in ("message id", "task", "reason", "exception", "brokers"):
         table.add_column(column)
     for d in letters:
@@ -266,7 +266,7 @@ def dead_letter_and_replay(app, broker_url: str, redis_url: str, base: Path) -> 
         table.add_row(d.message_id, d.task, d.reason, s["message"], ", ".join(d.brokers))
     console.print(table)
     broken.unlink()
-    console.print("the bug is fixed: beetle dead replay celery --task demo.refund")
+    console.print("the bug is fixed: beetle dead replay -Q celery --task demo.refund")
     store = RedisStore.from_url(redis_url)
     try:
         results = replay(broker_url, "celery", store, task="demo.refund")

@@ -23,6 +23,7 @@ from kombu.transport import pyamqp
 
 from . import metrics
 from .acks import AckBatcher, Unsettled
+from .broker_log import BROKER_LOG
 from .errors import BrokerTLSError
 from .identity import client_properties
 from .options import BeetleOptions, BrokerAddress
@@ -303,6 +304,8 @@ class BrokerLink:
         self.failures = 0
         self.next_retry_at = 0.0
         self.last_error: BaseException | None = None
+        #: the broker's outages said when this connection was made (:mod:`.broker_log`)
+        self.made_at = 0
         self._on_dead = on_dead
         self._clock = clock
         self._lock = threading.Lock()
@@ -364,8 +367,8 @@ class BrokerLink:
         self.generation += 1
         self.failures = 0
         self.last_error = None
-        log = logger.info if self.generation > 1 else logger.debug
-        log("beetle: broker %s is up (connection #%d)", self.name, self.generation)
+        self.made_at = BROKER_LOG.up(self.name)
+        logger.debug("beetle: broker %s is up (connection #%d)", self.name, self.generation)
         metrics.broker_up(self.name, reconnected=self.generation > 1)
 
     def adopt_pending(self) -> bool:
@@ -392,7 +395,7 @@ class BrokerLink:
         if conn is None:
             return
         self.last_error = exc
-        logger.warning("beetle: broker %s is down: %r", self.name, exc)
+        BROKER_LOG.down(self.name, exc, self.made_at)
         metrics.broker_down(self.name)
         if self._on_dead is not None:
             self._on_dead(self)

@@ -18,6 +18,7 @@ from functools import cached_property
 from typing import Any
 
 from .acks import AckBatcher
+from .broker_log import BROKER_LOG
 from .brokers import (
     CAUGHT_ERRORS,
     BrokerChannel,
@@ -98,7 +99,7 @@ class BeetleConnection:
             if isinstance(result, BaseException):
                 link.last_error = result
                 link._schedule_retry()
-                logger.warning("beetle: broker %s is down at connect: %r", link.name, result)
+                BROKER_LOG.down(link.name, result)
             else:
                 link.attach(result)
                 self._prepare_socket(link)

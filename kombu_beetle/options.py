@@ -19,7 +19,7 @@ broker's own host name (:meth:`BeetleOptions.ssl_for`): ``server_hostname`` defa
 host written in the URL. Verification is off only when asked for (``cert_reqs=CERT_NONE``).
 
 ``dedup_scopes`` (a dict, or ``"q1=s1,q2=s2"`` in the URL) maps queues to the dedup scope
-workers deduplicate them under (:mod:`kombu_beetle.scopes`); publishers name that scope in
+workers deduplicate them under (``kombu_beetle.scopes``); publishers name that scope in
 their trace events, so the audit matches them with the workers' events.
 ``celery_beetle.install(app)`` sets it from ``beetle_dedup_scopes``.
 """
@@ -76,6 +76,8 @@ IGNORED_OPTIONS = frozenset(
 
 @dataclass(frozen=True)
 class BrokerAddress:
+    """One broker of the URL; its ``name`` is ``host:port``."""
+
     host: str
     port: int
 
@@ -115,7 +117,8 @@ class BeetleOptions:
     #: consume-only brokers, for draining an old broker while a fleet moves
     additional_subscription_brokers: tuple[BrokerAddress, ...] = ()
     trace_dir: str | None = None
-    #: ``{queue: dedup scope}`` (:mod:`.scopes`): the ``queue`` of ``published`` trace events
+    #: ``{queue: dedup scope}`` (``kombu_beetle.scopes``): the ``queue`` of ``published``
+    #: trace events
     dedup_scopes: Mapping[str, str] = field(default_factory=dict)
     #: extra py-amqp Connection keyword arguments, and per-broker overrides by "host:port"
     amqp_options: Mapping[str, Any] = field(default_factory=dict)
@@ -159,6 +162,8 @@ class BeetleOptions:
 
 @dataclass(frozen=True)
 class ParsedURL:
+    """The parts of a ``beetle://`` URL, before the options are checked."""
+
     brokers: tuple[BrokerAddress, ...]
     userid: str | None
     password: str | None
@@ -353,11 +358,22 @@ def build_options(
     values["ssl"] = ssl
     values["amqp_options"] = amqp_options
     options = BeetleOptions(**values)
-    _validate(url, options)
+    _validate(url, options, redundancy_given="redundancy" in merged)
     return options
 
 
-def _validate(url: str, options: BeetleOptions) -> None:
+def _validate(url: str, options: BeetleOptions, *, redundancy_given: bool = False) -> None:
+    """Refuse settings that cannot mean what they say. The default redundancy is kept on a
+    one-broker URL (a message then goes out once, and says so in its flags); a redundancy
+    asked for explicitly must have that many brokers to publish to."""
+    brokers = len(options.brokers)
+    if redundancy_given and options.redundancy > brokers:
+        raise InvalidTransportOption(
+            f"redundancy={options.redundancy} asks for {options.redundancy} copies of a message "
+            f"on distinct brokers, but the URL names {brokers} broker(s) "
+            f"({', '.join(b.name for b in options.brokers)}): set redundancy to at most "
+            f"{brokers}, or name more brokers"
+        )
     if options.publish_strategy not in PUBLISH_STRATEGIES:
         raise InvalidTransportOption(
             f"publish_strategy={options.publish_strategy!r} is not one of "

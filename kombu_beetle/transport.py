@@ -20,7 +20,8 @@ Transport Options
 =================
 In the URL query or ``broker_transport_options`` (the latter wins):
 
-* ``redundancy`` (2): copies of a redundant message, on distinct brokers.
+* ``redundancy`` (2): copies of a redundant message, on distinct brokers; one set above the
+  number of brokers in the URL is refused.
 * ``publish_strategy`` (``round_robin``): or ``primary``, every non-redundant
   message to the first live broker in URL order (keeps one queue's order).
 * ``confirm_publish`` (true), ``confirm_timeout`` (5 s): publisher confirms;
@@ -145,7 +146,7 @@ class Transport(base.Transport):
         """False: a prefetch change reaches the running consumers (Celery's "global QoS"),
         on classic and quorum queues alike, on every RabbitMQ version. The channel applies
         Celery's count channel-wide where it may, and per consumer, consuming again, where
-        it may not (:mod:`kombu_beetle.prefetch`); it does not follow Celery's ``global``
+        it may not (``kombu_beetle.prefetch``); it does not follow Celery's ``global``
         flag. So Celery widens the window for the countdown/ETA tasks it holds, and reduces
         it after a reconnect and widens it back, as on pyamqp with RabbitMQ 3.x."""
         return False

@@ -3,8 +3,9 @@
 command, so that ``beetle --help`` starts in a fraction of a second.
 
 Exit status: 0 when the verdict is clean, 1 when any message is lost, duplicated or
-unexpected, 2 for usage errors, 3 when the audit could not run or the trace holds no valid
-event (nothing to judge is not a clean verdict).
+unexpected, 2 for usage errors (a local trace path that matches nothing among them, found
+before Spark starts), 3 when the audit could not run or the trace holds no valid event
+(nothing to judge is not a clean verdict).
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ def audit(
     (s3a://, hdfs://). Writes summary.json and report.html (and with --tables the Parquet
     tables) under --out and exits 1 when any message is lost, duplicated or unexpected.
     """
+    _check_local_paths(trace_path)
     try:
         from celery_beetle.audit import job
     except ImportError as exc:
@@ -147,6 +149,24 @@ def audit(
         )
         sys.exit(EXIT_AUDIT_FAILED)
     sys.exit(0 if result.ok else EXIT_BAD_VERDICT)
+
+
+def _check_local_paths(paths: tuple[str, ...]) -> None:
+    """A local path (no ``scheme://``) that names no file, directory or glob match is a
+    usage error naming it, before Spark takes its half a minute to start."""
+    import glob
+    import os
+
+    for path in paths:
+        if "://" in path and not path.startswith("file://"):
+            continue
+        local = path.removeprefix("file://")
+        if not (os.path.exists(local) or glob.glob(local)):
+            raise click.BadParameter(
+                f"{path}: no such file, directory or glob match; give where the workers "
+                "wrote their trace (beetle_trace_dir)",
+                param_hint="TRACE_PATH",
+            )
 
 
 def _print_verdict(summary: dict[str, object], files: dict[str, str], rich_output: bool) -> None:

@@ -1,8 +1,12 @@
 """``beetle dead-letters`` (alias ``beetle dead``): list, show, replay and purge the dead
 letters of a queue on every broker, over :mod:`.dead_letters` and :mod:`.replay`.
 
+The grammar of every subcommand: the queue is ``-Q QUEUE``; message ids are positional or
+``--id`` (repeatable), whole or a unique prefix, as the listing shows them. The old spelling
+with the queue as the first argument still works, with a deprecation warning.
+
 Exit status: 0 when done; 1 when a broker could not be read or a replay failed; 2 for usage
-errors.
+errors, an unknown queue and an id that names no dead letter (or more than one).
 """
 
 from __future__ import annotations
@@ -14,10 +18,14 @@ from typing import Any
 import click
 
 from celery_beetle.ops.cli_options import (
+    HiddenArgument,
     broker_option,
+    check_redis_url,
+    chosen_queue,
     fail_on_bad_url,
     json_option,
     prefix_option,
+    queue_option,
     redis_option,
     report_errors,
     when,
@@ -28,28 +36,58 @@ __all__ = ["dead_letters"]
 
 @click.group("dead-letters")
 def dead_letters() -> None:
-    """List, inspect and replay the dead letters of a queue (<queue>.dead on every broker)."""
+    """List, inspect, replay and purge the dead letters of a queue (<queue>.dead on every
+    broker): beetle dead-letters list -Q QUEUE."""
+
+
+def ids_arguments(f: Any) -> Any:
+    """``-Q QUEUE``, ``[ID]...`` and ``--id ID``: the queue and the message ids named."""
+    f = click.option(
+        "--id", "id_options", multiple=True, help="A message id or a unique prefix (repeatable)."
+    )(f)
+    f = click.argument("positionals", nargs=-1, metavar="[ID]...")(f)
+    return queue_option(f)
+
+
+def _queue_and_ids(
+    queue: str | None, positionals: tuple[str, ...], id_options: tuple[str, ...], command: str
+) -> tuple[str, tuple[str, ...]]:
+    queue, ids = chosen_queue(queue, positionals, f"dead-letters {command} QUEUE")
+    return queue, (*ids, *id_options)
 
 
 @dead_letters.command("list")
-@click.argument("queue")
+@queue_option
+@click.argument("legacy_queue", required=False, cls=HiddenArgument)
 @broker_option
 @click.option(
     "--redis",
     "redis_url",
     envvar="BEETLE_REDIS_URL",
     default=None,
+    callback=check_redis_url,
     help="The dedup store's URL (or $BEETLE_REDIS_URL): with it, a column says what a "
     "replay would do with each entry, and why it would refuse one.",
 )
 @prefix_option
 @json_option
 def list_command(
-    queue: str, broker_url: str, redis_url: str | None, key_prefix: str, as_json: bool
+    queue: str | None,
+    legacy_queue: str | None,
+    broker_url: str,
+    redis_url: str | None,
+    key_prefix: str,
+    as_json: bool,
 ) -> None:
-    """The dead letters of QUEUE, one line per message however many brokers hold it."""
-    from celery_beetle.ops.dead_letters import list_dead_letters
+    """The dead letters of the queue, one line per message however many brokers hold it.
 
+    The table shows each id by its shortest unique prefix (at least 8 characters), which
+    show, replay and purge accept; --json gives the whole ids."""
+    from celery_beetle.ops.dead_letters import list_dead_letters, short_ids
+
+    queue, _ = chosen_queue(
+        queue, (legacy_queue,) if legacy_queue else (), "dead-letters list QUEUE"
+    )
     letters, errors = fail_on_bad_url(lambda: list_dead_letters(broker_url, queue))
     verdicts = _previews(letters, redis_url, key_prefix)
     if as_json:
@@ -62,8 +100,11 @@ def list_command(
         from rich.markup import escape
         from rich.table import Table
 
+        short = short_ids(letters)
         table = Table(title=escape(f"{queue}.dead: {len(letters)} dead letter(s)"))
-        for column in ("message id", "task", "reason", "exception", "attempts", "when (UTC)"):
+        width = max((len(text) for text in short.values()), default=2)
+        table.add_column("id", no_wrap=True, min_width=width)
+        for column in ("task", "reason", "exception", "attempts", "when (UTC)"):
             table.add_column(column)
         table.add_column("brokers")
         if verdicts:
@@ -75,7 +116,7 @@ def list_command(
             if s["message"]:
                 exception = f"{exception}: {s['message'][:60]}" if exception else s["message"][:60]
             row = [
-                d.message_id or "-",
+                short.get(d.message_id or "", "-"),
                 d.task or "-",
                 d.reason,
                 exception or "-",
@@ -124,28 +165,29 @@ _VERDICT_CELLS = {
 
 
 @dead_letters.command("show")
-@click.argument("queue")
-@click.argument("message_id")
+@ids_arguments
 @broker_option
-def show_command(queue: str, message_id: str, broker_url: str) -> None:
-    """Everything about the dead letter(s) of MESSAGE_ID in QUEUE, arguments included."""
-    from celery_beetle.ops.dead_letters import list_dead_letters
+def show_command(
+    queue: str | None, positionals: tuple[str, ...], id_options: tuple[str, ...], broker_url: str
+) -> None:
+    """Everything about the dead letter(s) of each ID in the queue, arguments included."""
+    from celery_beetle.ops.dead_letters import list_dead_letters, resolve_ids
 
+    queue, ids = _queue_and_ids(queue, positionals, id_options, "show")
+    if not ids:
+        raise click.UsageError("name the dead letter: ID (or --id ID)")
     letters, errors = fail_on_bad_url(lambda: list_dead_letters(broker_url, queue))
-    found = [d.details() for d in letters if d.message_id == message_id]
     report_errors(errors)
-    if not found:
-        click.echo(f"no dead letter of {message_id} in {queue}.dead", err=True)
-        sys.exit(1)
+    wanted = set(resolve_ids(letters, ids, queue))
+    found = [d.details() for d in letters if d.message_id in wanted]
     click.echo(json.dumps(found[0] if len(found) == 1 else found, indent=2, default=str))
     sys.exit(1 if errors else 0)
 
 
 @dead_letters.command("replay")
-@click.argument("queue")
-@click.option("--id", "ids", multiple=True, help="Replay this message id (repeatable).")
+@ids_arguments
 @click.option("--task", "task", default=None, help="Replay every dead letter of this task.")
-@click.option("--all", "everything", is_flag=True, help="Replay every dead letter of QUEUE.")
+@click.option("--all", "everything", is_flag=True, help="Replay every dead letter of the queue.")
 @click.option("--dry-run", is_flag=True, help="Say what would happen; change nothing.")
 @click.option(
     "--force",
@@ -165,8 +207,9 @@ def show_command(queue: str, message_id: str, broker_url: str) -> None:
 @prefix_option
 @json_option
 def replay_command(
-    queue: str,
-    ids: tuple[str, ...],
+    queue: str | None,
+    positionals: tuple[str, ...],
+    id_options: tuple[str, ...],
     task: str | None,
     everything: bool,
     dry_run: bool,
@@ -177,7 +220,7 @@ def replay_command(
     key_prefix: str,
     as_json: bool,
 ) -> None:
-    """Publish dead letters of QUEUE back to it, redundantly, so that each runs once.
+    """Publish dead letters of the queue back to it, redundantly, so that each runs once.
 
     A message whose record is completed is not run again; one with a copy in flight is
     left; one that may have completed (no record, past its dedup window) is refused unless
@@ -188,9 +231,11 @@ def replay_command(
     from celery_beetle.store import RedisStore
     from kombu_beetle.trace import flush_all, get_tracer
 
+    queue, ids = _queue_and_ids(queue, positionals, id_options, "replay")
     if not (ids or task or everything):
-        raise click.UsageError("name what to replay: --id ID, --task NAME or --all")
+        raise click.UsageError("name what to replay: ID (or --id ID), --task NAME or --all")
     store = RedisStore.from_url(redis_url, key_prefix=key_prefix)
+    errors: dict[str, str] = {}
     try:
         results = fail_on_bad_url(
             lambda: replay(
@@ -203,8 +248,11 @@ def replay_command(
                 dry_run=dry_run,
                 force=force,
                 tracer=get_tracer(trace_dir, role="ops"),
+                errors=errors,
             )
         )
+    except LookupError:
+        raise
     except ValueError as exc:
         raise click.ClickException(str(exc))
     finally:
@@ -226,7 +274,9 @@ def replay_command(
         for row in rows:
             click.echo(f"{row['message_id']}  {row['task']}  {row['outcome']}: {row['detail']}")
         click.echo(f"{len(rows)} dead letter(s){' (dry run)' if dry_run else ''}")
-    sys.exit(1 if any(r.outcome in ("failed", "refused") for r in results) else 0)
+    report_errors(errors)
+    failed = any(r.outcome in ("failed", "refused") for r in results)
+    sys.exit(1 if failed or errors else 0)
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -235,34 +285,39 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 def _age_s(text: str) -> float:
     number, unit = text[:-1], text[-1:]
     if unit not in _UNITS or not number.replace(".", "", 1).isdigit():
-        raise click.BadParameter(f"{text!r}: expected a number and s, m, h or d (e.g. 7d)")
+        raise click.BadParameter(
+            f"{text!r}: expected a number and s, m, h or d (e.g. 7d)", param_hint="--older-than"
+        )
     return float(number) * _UNITS[unit]
 
 
 @dead_letters.command("purge")
-@click.argument("queue")
-@click.option("--id", "ids", multiple=True, help="Purge this message id (repeatable).")
+@ids_arguments
 @click.option("--task", "task", default=None, help="Purge the dead letters of this task.")
 @click.option("--older-than", "older_than", default=None, help="Only those dead for longer: 7d.")
-@click.option("--all", "everything", is_flag=True, help="Purge every dead letter of QUEUE.")
+@click.option("--all", "everything", is_flag=True, help="Purge every dead letter of the queue.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @broker_option
 def purge_command(
-    queue: str,
-    ids: tuple[str, ...],
+    queue: str | None,
+    positionals: tuple[str, ...],
+    id_options: tuple[str, ...],
     task: str | None,
     older_than: str | None,
     everything: bool,
     yes: bool,
     broker_url: str,
 ) -> None:
-    """Remove dead letters of QUEUE from every broker: only those named."""
+    """Remove dead letters of the queue from every broker: only those named."""
     import time
 
     from celery_beetle.ops.dead_letters import purge
 
+    queue, ids = _queue_and_ids(queue, positionals, id_options, "purge")
     if not (ids or task or everything or older_than):
-        raise click.UsageError("name what to purge: --id ID, --task NAME, --older-than AGE, --all")
+        raise click.UsageError(
+            "name what to purge: ID (or --id ID), --task NAME, --older-than AGE, --all"
+        )
     before = None if older_than is None else int((time.time() - _age_s(older_than)) * 1000)
     named: dict[str, Any] = {
         "ids": ids,

@@ -17,10 +17,13 @@ from typing import Any
 import click
 
 from celery_beetle.ops.cli_options import (
+    HiddenArgument,
     broker_option,
+    chosen_queue,
     fail_on_bad_url,
     json_option,
     prefix_option,
+    queue_option,
     redis_option,
     report_errors,
 )
@@ -40,12 +43,23 @@ def queues() -> None:
 def _policy_inputs(config_path: str, names: tuple[str, ...]) -> tuple[Any, list[str]]:
     from celery_beetle.ops.policies import PolicyConfig
 
-    with open(config_path) as f:
-        raw = json.load(f)
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except OSError as exc:
+        raise click.BadParameter(
+            f"cannot read {config_path}: {exc.strerror}", param_hint="--config"
+        )
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise click.BadParameter(
+            f"{config_path} is not JSON ({exc}); expected "
+            '{"default": {...}, "queues": {"name": {...}}}',
+            param_hint="--config",
+        )
     try:
         config = PolicyConfig.from_mapping(raw)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--config")
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise click.BadParameter(f"{config_path}: {exc}", param_hint="--config")
     wanted = list(names) or sorted(config.queues)
     if not wanted:
         raise click.UsageError("no queues: name them with -Q, or list them in the config")
@@ -153,7 +167,8 @@ def _print_plans(plans: list[Any]) -> bool:
 
 
 @queues.command("migrate")
-@click.argument("queue", required=False)
+@queue_option
+@click.argument("legacy_queue", required=False, cls=HiddenArgument)
 @click.option(
     "--queue-type",
     type=click.Choice(["classic", "quorum"]),
@@ -168,7 +183,7 @@ def _print_plans(plans: list[Any]) -> bool:
     help="An x-argument to set (x-NAME= removes it); repeatable.",
 )
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
-@click.option("--status", "show_status", is_flag=True, help="Where the migration of QUEUE stands.")
+@click.option("--status", "show_status", is_flag=True, help="Where the queue's migration stands.")
 @click.option("--resume", is_flag=True, help="Go on with a migration that stopped.")
 @click.option(
     "--no-workers",
@@ -191,14 +206,15 @@ def _print_plans(plans: list[Any]) -> bool:
 @redis_option
 @prefix_option
 def migrate_command(
-    queue: str | None, queue_type: str | None, args: tuple[str, ...], dry_run: bool,
-    show_status: bool, resume: bool, no_workers: bool, force: bool, management_port: int,
+    queue: str | None, legacy_queue: str | None, queue_type: str | None,
+    args: tuple[str, ...], dry_run: bool, show_status: bool, resume: bool, no_workers: bool,
+    force: bool, management_port: int,
     management_tls: bool, management_urls: tuple[str, ...], settle_s: float, broker_url: str,
     redis_url: str, key_prefix: str,
 ) -> None:  # fmt: skip
-    """Change what no policy can (queue type, x-max-priority, any x-argument) of QUEUE on
-    every broker, live: through QUEUE.beetle-migrating, one broker at a time, the state
-    kept in the dedup store (--status, --resume). See celery_beetle.ops.migrate."""
+    """Change what no policy can (queue type, x-max-priority, any x-argument) of the queue
+    (-Q QUEUE) on every broker, live: through QUEUE.beetle-migrating, one broker at a time,
+    the state kept in the dedup store (--status, --resume). See celery_beetle.ops.migrate."""
     from celery_beetle.ops.migrate import (
         CeleryControl,
         MigrationError,
@@ -209,8 +225,7 @@ def migrate_command(
     from celery_beetle.store import connect
     from kombu_beetle.options import build_options
 
-    if not queue:
-        raise click.UsageError("name the QUEUE to migrate")
+    queue, _ = chosen_queue(queue, (legacy_queue,) if legacy_queue else (), "queues migrate QUEUE")
     options = fail_on_bad_url(lambda: build_options(broker_url))
     store = StateStore(connect(redis_url), key_prefix)
     saved = store.load(options.virtual_host, queue)
@@ -287,12 +302,18 @@ def fleet(
 
     clients = _clients(broker_url, management_port, management_tls, management_urls)
     report = survey(clients, names, min_version)
+    if report.errors and len(report.errors) >= len(clients):
+        report_errors(report.errors)
+        raise click.ClickException(
+            "no broker's management API could be read (above), so nothing can be said "
+            "about the consumers; check that the management plugin is enabled and reachable "
+            "(--management-port, --management-tls, --management-url) and the URL's user "
+            "and password"
+        )
     if as_json:
         click.echo(json.dumps([asdict(c) for c in report.consumers], indent=2))
     else:
-        click.echo(f"{'kind':<6}  broker  queue  client  peer")
-        for consumer in report.consumers:
-            click.echo(consumer.describe())
+        click.echo(_consumer_table(report.consumers), nl=False)
         flagged = report.flagged
         click.echo(
             f"{len(report.consumers)} consumer(s), {len(flagged)} flagged "
@@ -301,6 +322,18 @@ def fleet(
         )
     report_errors(report.errors)
     sys.exit(1 if report.errors else EXIT_FLAGGED if report.flagged else 0)
+
+
+def _consumer_table(consumers: list[Any]) -> str:
+    """The consumers as text columns, each as wide as its widest cell."""
+    rows = [("kind", "broker", "queue", "client", "peer")]
+    rows += [(c.kind, c.broker, c.queue, f"{c.product} {c.version}", c.peer) for c in consumers]
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    return "".join(
+        "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        + "\n"
+        for row in rows
+    )
 
 
 def _refuse_unsafe_consumers(clients: list[Any], queue: str, force: bool) -> None:

@@ -24,6 +24,11 @@ RabbitMQ puts them back where they were, so a listing never loses or reorders on
 it would count against the delivery limit).
 
 Replaying them is :mod:`celery_beetle.ops.replay`.
+
+A message id may be given by a unique prefix, as listings shorten them
+(:func:`resolve_ids`). Reading fails loudly rather than finding nothing: no broker readable
+is :class:`NoBrokerReadable`; a queue on none of the brokers read is :class:`QueueNotFound`;
+an id that names no dead letter, or more than one, is :class:`DeadLetterNotFound`.
 """
 
 from __future__ import annotations
@@ -51,13 +56,52 @@ __all__ = [
     "Copy",
     "DeadLetter",
     "DeadLetterBrowser",
+    "DeadLetterNotFound",
+    "NoBrokerReadable",
+    "QueueNotFound",
     "describe",
     "list_dead_letters",
     "purge",
+    "resolve_ids",
     "select",
+    "short_ids",
 ]
 
 logger = logging.getLogger(__name__)
+
+#: the shortest id prefix a listing shows
+SHORT_ID_CHARS = 8
+
+
+class NoBrokerReadable(ConnectionError):
+    """Not one broker of the URL could be read: nothing can be said about its dead letters."""
+
+    def __init__(self, queue: str, errors: Mapping[str, str]) -> None:
+        self.errors = dict(errors)
+        reasons = "; ".join(f"{broker}: {error}" for broker, error in errors.items())
+        super().__init__(f"no broker could be read for {queue}.dead ({reasons})")
+
+
+class QueueNotFound(LookupError):
+    """Neither the queue nor its dead letter queue exists on any broker read."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        super().__init__(
+            f"no queue {queue!r} (nor {queue}.dead) on any broker: check the name "
+            f"(beetle status -Q {queue} shows a queue's depth on every broker)"
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class DeadLetterNotFound(LookupError):
+    """A message id (or prefix) names no dead letter of the queue, or more than one."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
 
 #: headers RabbitMQ adds when it dead-letters a message
 BROKER_DEATH_HEADERS = (
@@ -271,6 +315,7 @@ class DeadLetterBrowser:
     def fetch(self) -> list[DeadLetter]:
         """Every dead letter of the queue, copies grouped, oldest first."""
         letters: dict[tuple[str, str, str], DeadLetter] = {}
+        found = False
         for address in self.options.all_brokers:
             try:
                 conn = BrokerLink(address, self.options).connect()
@@ -286,9 +331,14 @@ class DeadLetterBrowser:
                 except amqp.exceptions.NotFound:
                     self._channels[address.name] = conn.channel()  # a 404 closes the channel
                     break
+                found = True
                 if message is None:
                     break
                 self._add(letters, address.name, message)
+        if not self._connections:
+            raise NoBrokerReadable(self.queue, self.errors)
+        if not found and not self.errors and not self.queue_exists(self.queue):
+            raise QueueNotFound(self.queue)
         return sorted(letters.values(), key=lambda d: (d.dead_at_ms or 0, d.message_id or ""))
 
     def _add(self, letters: dict[tuple[str, str, str], DeadLetter], broker: str, msg: Any) -> None:
@@ -362,6 +412,53 @@ def list_dead_letters(
         return browser.fetch(), browser.errors
 
 
+def short_ids(letters: Iterable[DeadLetter], at_least: int = SHORT_ID_CHARS) -> dict[str, str]:
+    """``{message id: its shortest prefix of at least at_least characters that names no
+    other id of letters}``, as a listing shows it (like git's abbreviated hashes)."""
+    ids = sorted({d.message_id for d in letters if d.message_id})
+    short = {}
+    for index, message_id in enumerate(ids):
+        length = at_least
+        for neighbour in ids[max(index - 1, 0) : index + 2]:
+            if neighbour != message_id:
+                common = len(_common_prefix(message_id, neighbour))
+                length = max(length, common + 1)
+        short[message_id] = message_id[:length]
+    return short
+
+
+def _common_prefix(a: str, b: str) -> str:
+    for index, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return a[:index]
+    return a[: min(len(a), len(b))]
+
+
+def resolve_ids(letters: Iterable[DeadLetter], ids: Sequence[str], queue: str) -> list[str]:
+    """The full message ids that ``ids`` name: each a whole id or a prefix of exactly one
+    id of ``letters``; :class:`DeadLetterNotFound` names the first that is neither."""
+    known = sorted({d.message_id for d in letters if d.message_id})
+    resolved = []
+    for given in ids:
+        if given in known:
+            resolved.append(given)
+            continue
+        matches = [message_id for message_id in known if message_id.startswith(given)]
+        if not matches:
+            raise DeadLetterNotFound(
+                f"no dead letter {given!r} in {queue}.dead (replayed or purged already? "
+                f"beetle dead-letters list -Q {queue} shows what is there)"
+            )
+        if len(matches) > 1:
+            shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
+            raise DeadLetterNotFound(
+                f"{given!r} is the start of {len(matches)} dead letters' ids in "
+                f"{queue}.dead ({shown}): give more characters"
+            )
+        resolved.append(matches[0])
+    return resolved
+
+
 def select(
     letters: Iterable[DeadLetter],
     *,
@@ -369,12 +466,15 @@ def select(
     task: str | None = None,
     everything: bool = False,
     dead_before_ms: int | None = None,
+    queue: str = "the queue",
 ) -> list[DeadLetter]:
-    """The dead letters a replay (or purge) names: by message id, by task, or all; with
-    ``dead_before_ms``, only among those that died before then."""
+    """The dead letters a replay (or purge) names: by message id (or a unique prefix of
+    one, :func:`resolve_ids`), by task, or all; with ``dead_before_ms``, only among those
+    that died before then."""
     if not (ids or task or everything or dead_before_ms is not None):
         raise ValueError("name the dead letters: message ids, a task, an age, or all of them")
-    wanted = set(ids)
+    letters = list(letters)
+    wanted = set(resolve_ids(letters, ids, queue)) if ids else set()
     named = ids or task or everything
     return [
         d
@@ -409,6 +509,7 @@ def purge(
             task=task,
             everything=everything,
             dead_before_ms=dead_before_ms,
+            queue=queue,
         )
         if not dry_run:
             for letter in chosen:

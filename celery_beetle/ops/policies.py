@@ -109,7 +109,7 @@ class QueueProperties:
                 raise ValueError(
                     f"{name}{where}: a policy cannot change {_NEEDS_MIGRATION[name]}; it is "
                     "fixed when the queue is declared, so changing it means moving the queue's "
-                    "messages to a new queue (the queue migration of Operations II)"
+                    "messages to a new queue (a live queue migration: beetle queues migrate)"
                 )
             if name not in _PROPERTY_KEYS:
                 raise ValueError(

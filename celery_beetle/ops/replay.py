@@ -169,15 +169,20 @@ def replay(
     publisher: Any = None,
     mark_ttl_ms: int = REPLAY_MARK_TTL_MS,
     tracer: Any = None,
+    errors: dict[str, str] | None = None,
 ) -> list[ReplayResult]:
     """Replay the named dead letters of ``queue`` (see the module docstring); each runs
     once. ``force``: run also what the store cannot prove did not complete (``refused``
     otherwise). ``publisher``: a context manager yielding ``publish(letter, headers)``
     (default: :func:`kombu_publisher` on ``url``). ``tracer``: where a ``replayed`` trace
-    event goes once a republish is confirmed (see :mod:`kombu_beetle.trace`)."""
+    event goes once a republish is confirmed (see :mod:`kombu_beetle.trace`). ``errors``:
+    filled with ``{broker: why}`` for each broker that could not be read (their copies
+    stay where they are); when none could be, :class:`.NoBrokerReadable` is raised."""
     results: list[ReplayResult] = []
     with DeadLetterBrowser(url, queue, transport_options=transport_options) as browser:
-        chosen = select(browser.fetch(), ids=ids, task=task, everything=everything)
+        chosen = select(browser.fetch(), ids=ids, task=task, everything=everything, queue=queue)
+        if errors is not None:
+            errors.update(browser.errors)
         if dry_run:
             return [preview(store, letter, force=force) for letter in chosen]
         if not chosen:

@@ -1,5 +1,5 @@
 """Workers keep their queues' policies applied: a consumer bootstep over
-:class:`~celery_beetle.ops.policies.PolicyApplier`.
+:class:`~celery_beetle.ops.applier.PolicyApplier`.
 
 Settings (``app.conf``), all optional; without ``beetle_queue_policies`` the step does nothing:
 
@@ -15,7 +15,7 @@ Settings (``app.conf``), all optional; without ``beetle_queue_policies`` the ste
 The managed queues are those the worker consumes, and those the config names. The applier
 runs on a daemon thread, so a worker never waits for a management API (nor fails for one:
 an unreachable API is logged and tried again next round). One worker of a fleet sharing a
-dedup store does each round (:class:`~celery_beetle.ops.policies.FleetLock`, keyed by the
+dedup store does each round (:class:`~celery_beetle.ops.applier.FleetLock`, keyed by the
 brokers, the vhost and what the config asks): 500 workers starting at once make one
 round of management calls per interval, not 500.
 """

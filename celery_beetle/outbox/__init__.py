@@ -7,7 +7,7 @@ the data, it exists exactly when the data does; the relay publishes it afterward
 dedup store makes the relay's one weakness (a crash between publish and delete publishes
 the row again) harmless: the second copy has the same message id and is dropped.
 
-Enqueue (:mod:`.enqueue`)::
+Enqueue (``celery_beetle.outbox.enqueue``)::
 
     from celery_beetle import outbox
 
@@ -15,22 +15,24 @@ Enqueue (:mod:`.enqueue`)::
         session.add(Order(id=7))
         outbox.delay(session, charge, 7)          # or outbox.apply_async(session, charge, ...)
 
-Relay (:mod:`.relay`): ``beetle relay --db postgresql://… -A proj.celery:app`` as its own
-process (as many as you like), or inside workers with :func:`install_relay`.
+Relay (``celery_beetle.outbox.relay``): ``beetle relay --db postgresql://… -A proj.celery:app``
+as its own process (as many as you like), or inside workers with :func:`install_relay`.
 
-Tables (:mod:`.table`): ``beetle outbox init --db …`` creates them; with Alembic, add
-``celery_beetle/outbox/migrations/versions`` to ``version_locations`` and upgrade
+Tables (``celery_beetle.outbox.table``): ``beetle outbox init --db …`` creates them; with
+Alembic, add ``celery_beetle/outbox/migrations/versions`` to ``version_locations`` and upgrade
 ``beetle_outbox@head``. ``beetle outbox list`` / ``retry`` / ``drop`` show, requeue and
 delete the rows the relay set aside. Needs the ``outbox`` extra (SQLAlchemy 2, psycopg 3,
 Alembic).
 
-Also: ``apply_async(..., ordering_key=…)`` publishes a key's tasks in order (:mod:`.relay`);
-:func:`.inbox.once` commits a body's effects once (:mod:`.inbox`); opt-in NOTIFY wake-ups
-(:mod:`.notify`); Django: :mod:`celery_beetle.contrib.django`.
+Also: ``apply_async(..., ordering_key=…)`` publishes a key's tasks in order
+(``celery_beetle.outbox.relay``); :func:`.inbox.once` commits a body's effects once
+(:mod:`.inbox`); opt-in NOTIFY wake-ups (``celery_beetle.outbox.notify``); Django:
+:mod:`celery_beetle.contrib.django`.
 
 The outbox builds on the worker (the inbox marks a running body, :func:`.inbox.once`) and
-the settings; it keeps its own collector (:mod:`.metrics`) and commands (:mod:`.cli`), and
-nothing below it imports it (``tests/unit/test_import_rules.py`` checks):
+the settings; it keeps its own collector (``celery_beetle.outbox.metrics``) and commands
+(``celery_beetle.outbox.cli``), and nothing below it imports it
+(``tests/unit/test_import_rules.py`` checks):
 
 :May import: ``kombu_beetle``, ``celery_beetle.worker``, ``celery_beetle.settings``,
     ``celery_beetle.censor``

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import signal
-import sys
 import threading
 from typing import Any
 
@@ -88,10 +87,18 @@ def relay(
     if not broker_url or not broker_url.startswith("beetle://"):
         raise click.UsageError("the relay needs a beetle:// broker URL (--broker or the app's)")
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     with Connection(broker_url, transport_options=options) as conn:
-        conn.ensure_connection(max_retries=30)
+        # bounded: --once gives up after seconds, a long-running relay after about two
+        # minutes; each failed attempt is one line, and SIGTERM still ends the wait
+        conn.ensure_connection(
+            max_retries=2 if once else 30, interval_start=1, interval_step=1, interval_max=5,
+            errback=lambda exc, interval: click.echo(
+                f"beetle relay: brokers not reachable ({exc}); again in {interval:.0f} s",
+                err=True,
+            ),
+        )  # fmt: skip
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
         the_relay = Relay(engine, conn.channel(), batch_size=batch_size, listen=listen)
         if once:
             while not stop.is_set():
@@ -173,12 +180,20 @@ def list_aside(db_url: str, as_json: bool, limit: int) -> None:
                        f"(beetle outbox retry|drop {row.id})")  # fmt: skip
 
 
+def _ids_option(f: Any) -> Any:
+    return click.option("--id", "id_options", multiple=True, help="A row's id (repeatable).")(f)
+
+
 @outbox.command()
 @db_option
-@click.argument("ids", nargs=-1, required=True)
-def drop(db_url: str, ids: tuple[str, ...]) -> None:
-    """Delete rows set aside for good (IDS): their tasks never run, and the later rows of
-    their ordering keys go on."""
+@click.argument("ids", nargs=-1)
+@_ids_option
+def drop(db_url: str, ids: tuple[str, ...], id_options: tuple[str, ...]) -> None:
+    """Delete rows set aside for good (IDS, or --id): their tasks never run, and the later
+    rows of their ordering keys go on. Exits 2 when an id is not set aside."""
+    ids = (*ids, *id_options)
+    if not ids:
+        raise click.UsageError("name the rows to drop: IDS (or --id ID)")
     engine = _engine(db_url)
     from celery_beetle.outbox.relay import drop_aside
 
@@ -187,18 +202,25 @@ def drop(db_url: str, ids: tuple[str, ...]) -> None:
         click.echo(f"dropped {message_id}")
     missing = set(ids) - set(dropped)
     if missing:
-        click.echo(f"not set aside: {', '.join(sorted(missing))}", err=True)
-        sys.exit(1)
+        raise click.UsageError(
+            f"not set aside: {', '.join(sorted(missing))} (beetle outbox list shows the rows)"
+        )
 
 
 @outbox.command()
 @db_option
 @click.argument("ids", nargs=-1)
+@_ids_option
 @click.option("--all", "everything", is_flag=True, help="Every row set aside.")
 @click.option("--message-ttl", default=86_400.0, show_default=True, type=click.FloatRange(min=1),
               help="The fresh expiry of a retried row, seconds.")  # fmt: skip
-def retry(db_url: str, ids: tuple[str, ...], everything: bool, message_ttl: float) -> None:
-    """Put rows set aside back into the outbox, due now (IDS, or --all)."""
+def retry(
+    db_url: str, ids: tuple[str, ...], id_options: tuple[str, ...], everything: bool,
+    message_ttl: float,
+) -> None:  # fmt: skip
+    """Put rows set aside back into the outbox, due now (IDS or --id, or --all). Exits 2
+    when an id is not set aside."""
+    ids = (*ids, *id_options)
     if not ids and not everything:
         raise click.UsageError("name the rows to retry (IDS) or give --all")
     if ids and everything:
@@ -211,8 +233,10 @@ def retry(db_url: str, ids: tuple[str, ...], everything: bool, message_ttl: floa
         click.echo(f"requeued {message_id}")
     missing = set(ids) - set(moved)
     if missing:
-        click.echo(f"not set aside (or being retried): {', '.join(sorted(missing))}", err=True)
-        sys.exit(1)
+        raise click.UsageError(
+            f"not set aside (or being retried): {', '.join(sorted(missing))} "
+            "(beetle outbox list shows the rows)"
+        )
 
 
 @outbox.command()

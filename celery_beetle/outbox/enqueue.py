@@ -82,7 +82,7 @@ def apply_async(
     it is the dedup identity); by default a time-ordered id is made.
 
     ``ordering_key``: tasks of one key are published in the order of their ids, each after
-    the one before it was confirmed (see :mod:`.relay` for what order means between
+    the one before it was confirmed (see ``celery_beetle.outbox.relay`` for what order means between
     concurrent transactions); tasks of other keys are not held back.
     """
     app = task.app

@@ -124,7 +124,7 @@ class Relay:
         #: how often the loop deletes expired inbox rows (when ``beetle_inbox`` exists)
         self.inbox_sweep_s = inbox_sweep_s
         self._next_sweep = 0.0
-        #: LISTEN for enqueues' NOTIFY between passes (:mod:`.notify`), else sleep
+        #: LISTEN for enqueues' NOTIFY between passes (``celery_beetle.outbox.notify``), else sleep
         self.listener: Any = None
         if listen:
             from celery_beetle.outbox.notify import Listener

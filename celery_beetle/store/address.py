@@ -1,4 +1,5 @@
-"""Where the dedup store lives: its URL, parsed (:func:`parse_store_url`) and connected to.
+"""Where the dedup store lives: its URL, parsed (:func:`~celery_beetle.parse_store_url`) and
+connected to.
 
 The dedup store's URL (``beetle_redis_url``, ``beetle status --redis``) takes one of these
 forms::
@@ -21,7 +22,7 @@ also take ``?socket_timeout=`` and ``?socket_connect_timeout=`` (seconds).
 
 The settings check a URL when they are built (:class:`celery_beetle.settings.BeetleSettings`),
 so that a typo stops the worker before its first message; the store connects to it
-(:meth:`~celery_beetle.store.redis.RedisStore.from_url`).
+(``RedisStore.from_url``).
 """
 
 from __future__ import annotations

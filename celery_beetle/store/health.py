@@ -10,7 +10,10 @@ the worker, and an error nobody foresaw hands the message back (and is logged in
 The gate probes with :class:`RedisProbe`, a separate client with short timeouts, so that while
 Redis hangs (SIGSTOP, a partition) the worker's event loop blocks for a fraction of a second
 per probe, not for the store's five-second socket timeout. The probe writes (a key with a
-short TTL), because a Redis out of memory or unable to persist still answers ``PING``.
+short TTL), because a Redis out of memory or unable to persist still answers ``PING``; and
+with ``wait_replicas`` it waits for that many replicas to acknowledge the write, as every
+write of the store does, so a master just promoted without a replica is not taken for a
+store that answers.
 """
 
 from __future__ import annotations
@@ -72,12 +75,19 @@ def store_unavailable(exc: BaseException) -> bool:
 
 
 class RedisProbe:
-    """Answers "does Redis answer?" within ``timeout_s``, never raising."""
+    """Answers "does Redis take a write as the store's writes need it?" within ``timeout_s``,
+    never raising; :attr:`last_error` says why not."""
 
-    def __init__(self, url: str, timeout_s: float = 0.5, key: str = "beetle:probe") -> None:
+    def __init__(
+        self, url: str, timeout_s: float = 0.5, key: str = "beetle:probe", wait_replicas: int = 0
+    ) -> None:
         self.url = url
         self.timeout_s = timeout_s
         self.key = key
+        self.wait_replicas = wait_replicas
+        #: ``WAIT`` gives up before the socket does, so a missing replica is a clear answer
+        self.wait_timeout_ms = max(1, round(timeout_s * 600))
+        self.last_error: BaseException | None = None
         self._client: Any = None
 
     def __call__(self) -> bool:
@@ -87,11 +97,29 @@ class RedisProbe:
                     self.url, socket_timeout=self.timeout_s, socket_connect_timeout=self.timeout_s
                 )
             # a write, not PING: the store must take the claims that resuming will send
-            return bool(self._client.set(self.key, 1, px=10_000))
+            if not self.wait_replicas:
+                self._client.set(self.key, 1, px=10_000)
+            else:
+                self._write_and_wait()
         except Exception as exc:  # any failure means "not yet"; the gate tries again
             logger.debug("beetle: Redis probe failed: %r", exc)
+            self.last_error = exc
             self._reset()
             return False
+        self.last_error = None
+        return True
+
+    def _write_and_wait(self) -> None:
+        """The write and ``WAIT`` in one pipeline, on one connection, as the store sends them."""
+        pipe = self._client.pipeline(transaction=False)
+        pipe.set(self.key, 1, px=10_000)
+        pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
+        _, acked = pipe.execute()
+        if int(acked) < self.wait_replicas:
+            raise redis_errors.TimeoutError(
+                f"{acked} of {self.wait_replicas} replica(s) acknowledged the probe's write "
+                f"within {self.wait_timeout_ms} ms"
+            )
 
     def _reset(self) -> None:
         client, self._client = self._client, None
@@ -120,27 +148,44 @@ def call_until_stored(
     either ack a message whose outcome is not stored or run it again. The try number (0
     first) lets the caller's write be recognised as its own after a lost reply. The task's
     hard time limit is the only bound (it kills the pool process, and the message goes back
-    to its queue); the soft limit is for bodies, and one that fires here is ignored.
+    to its queue); the soft limit is for bodies, and one that fires here is ignored. A wait
+    is said once as it begins and once as it ends; an error not understood, in full every
+    20 tries.
     """
     wait = 0.1
+    began = time.monotonic()
+    said = False  # the first failure is a WARNING, and then so is the success
     for number in itertools.count():
         try:
             try:
-                return operation(number)
+                result = operation(number)
             except SoftTimeLimitExceeded:
                 raise  # handled below: not an error of the store's
             except Exception as exc:
-                if number == 0 or number % 20 == 0:
-                    if store_unavailable(exc):
-                        logger.warning(
-                            "beetle: cannot store %s yet (%r); retrying until Redis takes it",
-                            what,
-                            exc,
-                        )
-                    else:
+                if not store_unavailable(exc):  # not understood: in full, now and then
+                    if number % 20 == 0:
                         logger.exception("beetle: storing %s failed unexpectedly; retrying", what)
+                    said = True
+                elif not said:
+                    logger.warning(
+                        "beetle: cannot store %s yet (%r); retrying until Redis takes it",
+                        what,
+                        exc,
+                    )
+                    said = True
+                else:
+                    logger.debug("beetle: cannot store %s yet (%r)", what, exc)
                 sleep(wait)
                 wait = min(wait * 2, max_wait_s)
+                continue
+            if said:
+                logger.warning(
+                    "beetle: stored %s after %.1f s and %d tries",
+                    what,
+                    time.monotonic() - began,
+                    number + 1,
+                )
+            return result
         except SoftTimeLimitExceeded:
             logger.warning("beetle: soft time limit while storing %s; still storing it", what)
     raise AssertionError("unreachable")

@@ -408,9 +408,10 @@ def decide_extend(
 
 
 def decide_mark_inbox(state: State | None, token: int) -> tuple[FenceDecision, State | None]:
-    """The running body writes its effects through the inbox (:mod:`celery_beetle.outbox.
-    inbox`): if it is cut short now, a run after it finds the inbox row and returns, so its
-    crash need not use up the message's last attempt (:data:`INBOX_EXTRA_STARTS`)."""
+    """The running body writes its effects through the inbox
+    (:mod:`celery_beetle.outbox.inbox`): if it is cut short now, a run after it finds the inbox
+    row and returns, so its crash need not use up the message's last attempt
+    (:data:`INBOX_EXTRA_STARTS`)."""
     if not _owns(state, token):
         return _not_owner(state), None
     if state.inbox:

@@ -1,13 +1,13 @@
 """Testing BeetleTasks against real servers under faults: the pytest plugin's parts.
 
-- :mod:`.rabbit`, :mod:`.redis_server`: throwaway RabbitMQ nodes and Redis servers from the
+- ``rabbit``, ``redis_server``: throwaway RabbitMQ nodes and Redis servers from the
   installed binaries, each on its own ports and data dir, so a test can kill -9, SIGSTOP or
-  restart them by pid; :mod:`.containers` has the same two in containers (testcontainers),
-  and :mod:`.servers` chooses between them once per session.
-- :mod:`.worker`: a ``celery worker`` subprocess, killable by pid; :mod:`.app` points the
-  user's app at a test's servers; :mod:`.redis_faults`: a Redis that refuses writes.
-- :mod:`.nodes`: pytest-celery's setup, broker cluster, backend and worker classes carrying
-  them; :mod:`.verdict`: the exactly-once assertion on a test's trace.
+  restart them by pid; ``containers`` has the same two in containers (testcontainers),
+  and ``servers`` chooses between them once per session.
+- ``worker``: a ``celery worker`` subprocess, killable by pid; ``app`` points the
+  user's app at a test's servers; ``redis_faults``: a Redis that refuses writes.
+- ``nodes``: pytest-celery's setup, broker cluster, backend and worker classes carrying
+  them; ``verdict``: the exactly-once assertion on a test's trace.
 - The fixtures are in :mod:`celery_beetle.pytest_plugin`.
 
 Nothing is imported here until asked for (``from celery_beetle.testing import X`` works for

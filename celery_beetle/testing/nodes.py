@@ -106,9 +106,11 @@ class BeetleBroker(CeleryTestBroker):
             self.server.kill()
 
     def freeze(self) -> None:
+        """SIGSTOP (``docker pause``): sockets stay open, nothing answers until :meth:`thaw`."""
         self.server.pause()
 
     def thaw(self) -> None:
+        """Lets a frozen node answer again."""
         self.server.resume()
 
     def restart(self, reload_container: bool = True, force: bool = False) -> None:
@@ -146,6 +148,7 @@ class BeetleBrokerCluster(CeleryBrokerCluster):
 
     @property
     def beetle_url(self) -> str:
+        """A ``beetle://`` URL over every node."""
         return self.url_for()
 
     def url_for(self, *indexes: int) -> str:
@@ -192,6 +195,7 @@ class BeetleStore(CeleryTestBackend):
         return self.server.host_port
 
     def kill(self, signal: str | int = "SIGKILL", reload_container: bool = True) -> None:
+        """Kills the Redis server (kill -9 by default; SIGSTOP freezes it, SIGTERM stops it)."""
         signum = _signum(signal)
         if signum == signals.SIGSTOP:
             self.freeze()
@@ -201,12 +205,16 @@ class BeetleStore(CeleryTestBackend):
             self.server.kill()
 
     def freeze(self) -> None:
+        """Freezes the Redis server: connections stay open, nothing answers until :meth:`thaw`."""
         self.server.pause()
 
     def thaw(self) -> None:
+        """Lets a frozen Redis server answer again."""
         self.server.resume()
 
     def restart(self, reload_container: bool = True, force: bool = False) -> None:
+        """Starts the Redis server again on the same port and data (killed first with
+        ``force``)."""
         if self.server.is_paused:
             self.server.resume()
         if force:

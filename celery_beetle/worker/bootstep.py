@@ -10,7 +10,9 @@ At construction (worker start, before any message) it reads and validates the se
 every BeetleTask's options, raising :class:`celery.exceptions.ImproperlyConfigured` with the
 reason, and derives each BeetleTask's time limits from its lease; at start it makes a prefork
 pool count those limits from each run's stored start
-(:func:`~celery_beetle.worker.time_limits.count_limits_from_the_start`).
+(:func:`~celery_beetle.worker.time_limits.count_limits_from_the_start`), and probes the
+dedup store once, so that a store away as the worker starts is said at once (its deliveries
+are parked until it answers).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from celery_beetle.worker.run import is_beetle_task
 from celery_beetle.worker.time_limits import count_limits_from_the_start
 from kombu_beetle.renewal import SameBrokerPublisher
 from kombu_beetle.trace import get_tracer
+from kombu_beetle.urls import mask_url
 
 __all__ = ["BeetleGateStep", "load_settings"]
 
@@ -94,6 +97,7 @@ class BeetleGateStep(bootsteps.StartStopStep):
             self.gate = self._make_gate(c)
         else:
             self.gate.reset()
+        self.gate.pause_if_unreachable()  # said now, not at the first delivery
         if self.settings.metrics_port is not None and self.metrics_server is None:
             self.metrics_server = self._serve_metrics()
         self.queue_names = {}
@@ -180,7 +184,12 @@ class BeetleGateStep(bootsteps.StartStopStep):
             socket_timeout=GATE_SOCKET_TIMEOUT_S,
             socket_connect_timeout=GATE_SOCKET_TIMEOUT_S,
         )
-        self.probe = RedisProbe(settings.redis_url, key=f"{settings.key_prefix}probe:{self.owner}")
+        # the probe writes as the store does: with the replicas' acks the settings require
+        self.probe = RedisProbe(
+            settings.redis_url,
+            key=f"{settings.key_prefix}probe:{self.owner}",
+            wait_replicas=settings.redis_wait_replicas,
+        )
 
         def call_later(seconds: float, fn: Callable[[], None]) -> Any:
             if seconds <= 0 and getattr(c, "hub", None) is not None:
@@ -221,6 +230,7 @@ class BeetleGateStep(bootsteps.StartStopStep):
             max_deferred=settings.max_deferred,
             max_deferred_bytes=settings.max_deferred_bytes,
             unknown_task_grace_ms=round(settings.unknown_task_grace_s * 1000),
+            store_name=mask_url(settings.redis_url),
         )
 
     def _claims_for(self, c: Any) -> Callable[[Any, str], Limits | None]:

@@ -9,7 +9,14 @@
 :class:`HandBack`           give the delivery back for the gate to requeue after a backoff:
                             Celery's ``Reject(requeue=True)``, raised in the pool and read in
                             the main process (:class:`~celery_beetle.task.BeetleRequest`)
+:class:`Deferred`           not now: another run holds the message's lease, or its retry is
+                            not due; Celery's ``Reject(requeue=True)``, and the gate defers
+                            the copy redelivered
 ==========================  ==================================================================
+
+Celery logs every ``Reject`` at WARNING with its traceback. A hand-back or a deferral is
+expected (Redis away, a twin running elsewhere), so :func:`quiet_expected_rejects` moves
+Celery's line for these two to DEBUG; the condition behind them is said once, by the gate.
 
 Raised by :class:`~.run.Run`; the two the pool sends to the main process pickle their own
 arguments. A result or a pickle that names one by an older module path
@@ -18,11 +25,24 @@ arguments. A result or a pickle that names one by an older module path
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery.exceptions import Ignore, Reject
 
-__all__ = ["AttemptsExhausted", "DeadLettered", "Dropped", "HandBack"]
+__all__ = [
+    "AttemptsExhausted",
+    "DeadLettered",
+    "Deferred",
+    "Dropped",
+    "HandBack",
+    "quiet_expected_rejects",
+]
+
+logger = logging.getLogger(__name__)
+
+#: the logger Celery's task tracer reports a run's ``Reject`` on
+CELERY_TRACE_LOGGER = "celery.app.trace"
 
 
 class DeadLettered(Exception):
@@ -78,3 +98,38 @@ class HandBack(Reject):
             "store": self.store,
             "owner": self.owner,
         }
+
+
+class Deferred(Reject):
+    """This copy does not run now: another run holds the message's lease, or its retry is
+    not due. Celery's ``Reject(requeue=True)``; the gate defers the copy redelivered."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason, requeue=True)
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.reason,))
+
+
+class _ExpectedRejectsAtDebug(logging.Filter):
+    """Celery's line for a :class:`HandBack` or :class:`Deferred`, logged here at DEBUG."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        exc = getattr(exc, "exc", exc)  # billiard's ExceptionWithTraceback
+        if not isinstance(exc, (HandBack, Deferred)):
+            return True
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("beetle: %s", record.getMessage(), exc_info=record.exc_info)
+        return False
+
+
+def quiet_expected_rejects() -> None:
+    """Install :class:`_ExpectedRejectsAtDebug` on Celery's tracer logger, once per process
+    (at this module's import: every process that runs a BeetleTask imports it)."""
+    trace_logger = logging.getLogger(CELERY_TRACE_LOGGER)
+    if not any(isinstance(f, _ExpectedRejectsAtDebug) for f in trace_logger.filters):
+        trace_logger.addFilter(_ExpectedRejectsAtDebug())
+
+
+quiet_expected_rejects()

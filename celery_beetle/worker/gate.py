@@ -180,7 +180,7 @@ class DeliveryGate(Holding, ClaimKeeping, StoreOutage, BadInputHandling):
     - ``dead_letter(message, queue, reason, detail)``: publish a bad delivery to its
       dead-letter queue once per message (see :data:`DeadLetter`); the gate acks it after.
     - ``queue_of(message)``: the queue a delivery was consumed from.
-    - ``probe()``: True once Redis answers again (used while paused).
+    - ``probe()``: True once Redis answers again (used while paused, and once at start).
     - ``scopes``: ``{queue: dedup scope}``; a queue it does not name is its own scope.
     """
 
@@ -200,6 +200,7 @@ class DeliveryGate(Holding, ClaimKeeping, StoreOutage, BadInputHandling):
     #: a deferred copy is looked at again at least this often, even under a long lease
     recheck_max_s: float = 30.0
     probe_interval_s: float = 1.0
+    store_name: str = "redis"  # the store as the logs name it (its URL, password masked)
     #: how many runs that completed here, and for how long, the gate remembers
     completed_memory_size: int = 10_000
     completed_memory_ms: int = 60_000
@@ -249,6 +250,7 @@ class DeliveryGate(Holding, ClaimKeeping, StoreOutage, BadInputHandling):
         self.deferred_bytes = 0
         self._claims = 0
         self.paused_at = 0.0
+        self._counted_at_pause: dict[str, int] = {}
         self._owner_base = f"{secrets.token_hex(3)}@{self.worker or socket.gethostname()}"
         #: acks of completions stored in this batch, made once their events are written
         self._acks_after_trace: list[Callable[[], None]] = []
@@ -467,7 +469,7 @@ class DeliveryGate(Holding, ClaimKeeping, StoreOutage, BadInputHandling):
 
     def _next_owner(self) -> str:
         """A claim's owner: unique per claim (the counter comes first, as the store keeps
-        at most :data:`~.state.MAX_OWNER_LENGTH` characters)."""
+        at most :data:`~celery_beetle.store.state.MAX_OWNER_LENGTH` characters)."""
         self._claims += 1
         return f"{self._claims:x}.{self._owner_base}"[:MAX_OWNER_LENGTH]
 

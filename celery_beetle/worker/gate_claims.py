@@ -153,7 +153,8 @@ class ClaimKeeping:
                 unavailable = exc is not None and store_unavailable(exc)
                 if unavailable:
                     self._pause(exc)  # type: ignore[arg-type]
-                log = logger.warning if unavailable else logger.error
+                # an unavailable store is said by the pause; what is not understood, in full
+                log = logger.debug if unavailable else logger.error
                 log("beetle: cannot store a completion yet (%r); trying again", exc)
                 self.stats["completion_retries"] += 1
                 again = min(retry_s * 2, 5.0)

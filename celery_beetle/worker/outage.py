@@ -8,7 +8,12 @@ is full; that is how the worker "stops taking messages". A probe (a write:
 :class:`~celery_beetle.store.health.RedisProbe`) runs on a timer; once Redis takes it, the
 claims sent without an answer are released by their owner (their body never ran:
 :meth:`~StoreOutage._release_unconfirmed_claims`), and every parked delivery goes through the
-gate again.
+gate again. The worker probes once as it starts too (:meth:`~StoreOutage.pause_if_unreachable`),
+so a store that is away then is said at once, not at the first delivery.
+
+An outage is said in two lines, at WARNING: as it begins, naming the store (its password
+masked) and what the worker does meanwhile, and as it ends, with how long it lasted and what
+waited for it. What each delivery met meanwhile is logged at DEBUG.
 
 :class:`StoreOutage` is part of the gate (:class:`~celery_beetle.worker.gate.DeliveryGate`),
 apart only so each module reads on its own (as :mod:`.bad_input`); what it uses of the gate is
@@ -40,6 +45,7 @@ class StoreOutage:
 
     # provided by the gate
     store: Store
+    store_name: str
     probe: Callable[[], bool]
     probe_interval_s: float
     call_later: Callable[[float, Callable[[], None]], Any]
@@ -50,20 +56,34 @@ class StoreOutage:
     unavailable_s: float
     _parked: list[Delivery]
     _to_release: list[tuple[MessageFacts, str]]
+    _counted_at_pause: dict[str, int]
 
     if TYPE_CHECKING:
 
         def _examine(self, d: Delivery) -> str: ...
+
+    #: what the outage's end line counts, from :attr:`stats`
+    _COUNTED = ("parked", "handed_back", "completion_retries")
+
+    def pause_if_unreachable(self) -> bool:
+        """Probe the store once (as the worker starts) and pause now if it does not take the
+        probe's write; True if paused."""
+        if self.paused or self.probe():
+            return False
+        self._pause(getattr(self.probe, "last_error", None) or RuntimeError("the probe failed"))
+        return True
 
     def _pause(self, exc: BaseException) -> None:
         if self.paused:
             return
         self.paused = True
         self.paused_at = time.monotonic()
+        self._counted_at_pause = {name: self.stats[name] for name in self._COUNTED}
         self.stats["pauses"] += 1
-        logger.error(
-            "beetle: the dedup store is unreachable (%r): no task runs without a claim, so this "
-            "worker holds its deliveries unacked and takes no new ones until Redis answers",
+        logger.warning(
+            "beetle: dedup store %s is unreachable (%r): parking deliveries, unacked and not "
+            "run, until it answers (no task runs without a claim)",
+            self.store_name,
             exc,
         )
         self.call_later(self.probe_interval_s, self._probe_tick)
@@ -75,9 +95,20 @@ class StoreOutage:
             self.call_later(self.probe_interval_s, self._probe_tick)
             return
         self.paused = False
-        self.unavailable_s += time.monotonic() - self.paused_at
+        lasted = time.monotonic() - self.paused_at
+        self.unavailable_s += lasted
         parked, self._parked = self._parked, []
-        logger.warning("beetle: the dedup store answers again; resuming %d deliveries", len(parked))
+        counted = self._counted_at_pause
+        since = {name: self.stats[name] - counted.get(name, 0) for name in self._COUNTED}
+        logger.warning(
+            "beetle: dedup store %s answers again after %.1f s: %d deliveries parked, "
+            "%d handed back, %d completion retries",
+            self.store_name,
+            lasted,
+            since["parked"],
+            since["handed_back"],
+            since["completion_retries"],
+        )
         for d in parked:
             if d.generation == self.generation:
                 self._examine(d)

@@ -10,7 +10,7 @@ attempt counts and the full lease begins, so ``attempts`` counts bodies that beg
 delivery that only waited in the pool's queue when its worker died uses none. A reservation
 another copy took over meanwhile is not ours: the copy goes back to the gate. A body that
 succeeds on the gate's claim costs the pool no other round trip, as the gate stores the
-completion before it acks; two rules keep that safe:
+completion before it acks; three rules keep that safe:
 
 - an early ack (``acks_late=False``) comes before the body and proves nothing, so such a run
   stores its completion here;
@@ -32,7 +32,7 @@ No error of the store's may end with the delivery acked while its outcome is not
   lost is recognised as this run's own), then the delivery is handed back
   (:class:`~.errors.HandBack`): the gate requeues it after a backoff, pauses if the store is
   unavailable, and releases the claim by its owner once Redis answers;
-- a completion or failure is retried until stored (:func:`~.redis_health.call_until_stored`);
+- a completion or failure is retried until stored (:func:`~celery_beetle.store.health.call_until_stored`);
 - a dead letter that cannot be published hands the delivery back; the record keeps it owed,
   so another copy publishes it after the owner's lease.
 
@@ -65,7 +65,7 @@ from celery_beetle.store.outcome import Claim, ClaimDecision, Failure, GiveUpRea
 from celery_beetle.store.state import MAX_OWNER_LENGTH, MessageFacts, Status
 from celery_beetle.worker import time_limits
 from celery_beetle.worker.deadletter import dead_letter_headers, publish_dead_letter
-from celery_beetle.worker.errors import AttemptsExhausted, DeadLettered, Dropped, HandBack
+from celery_beetle.worker.errors import AttemptsExhausted, DeadLettered, Deferred, Dropped, HandBack
 from celery_beetle.worker.facts import (
     CLAIM_MARK,
     FACTS_HEADER,
@@ -360,7 +360,7 @@ class Run:
         if outcome in (Claim.LOCKED, Claim.DELAYED):
             # another worker claimed it since the gate looked: hand the copy back, the gate
             # defers it until that lease ends or the retry is due
-            raise Reject(f"{outcome.value} for {claim.delay_ms} ms", requeue=True)
+            raise Deferred(f"{outcome.value} for {claim.delay_ms} ms")
         # DEAD_LETTER: it will not run; this run publishes its dead letter
         reason = claim.reason or GiveUpReason.ATTEMPTS_LIMIT.value
         self._give_up(reason, claim.attempt, claim.exceptions)
@@ -394,7 +394,7 @@ class Run:
             self._name(),
             fence.status.value if fence.status else None,
         )
-        raise Reject("reservation taken over before the body began", requeue=True)
+        raise Deferred("reservation taken over before the body began")
 
     def _give_up(self, reason: str, attempt: int, exceptions: int | None) -> None:
         """The message will not run: publish the dead letter this run owes, then raise."""
@@ -429,8 +429,8 @@ class Run:
             except Exception as exc:
                 unavailable = store_unavailable(exc)
                 if time.monotonic() + wait > deadline:
-                    if unavailable:
-                        logger.warning(
+                    if unavailable:  # the gate says the outage, once, as it pauses
+                        logger.debug(
                             "beetle: cannot %s %s (%r); handing it back", what, self._name(), exc
                         )
                     else:

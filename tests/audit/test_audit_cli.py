@@ -66,10 +66,10 @@ def test_clean_trace_exits_0(shared_spark, tmp_path):
     assert summary["ok"] is True
 
 
-def test_missing_trace_path_exits_3_with_a_message(shared_spark, tmp_path):
+def test_a_missing_trace_path_is_a_usage_error_naming_it_before_spark_starts(tmp_path):
     result = _run(tmp_path / "nowhere", tmp_path / "out")
-    assert result.exit_code == 3
-    assert "could not run" in result.output
+    assert result.exit_code == 2, result.output
+    assert "nowhere: no such file" in result.output
 
 
 @pytest.mark.parametrize(

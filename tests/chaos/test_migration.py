@@ -27,7 +27,7 @@ def migrate(brokers, redis_url, *extra: str, log: Path) -> subprocess.Popen:
     """``beetle queues migrate`` in a process of its own (so that it can be killed -9)."""
     args = [
         sys.executable, "-c", "from celery_beetle.cli import main; main()",
-        "queues", "migrate", QUEUE, "--broker", brokers.beetle_url, "--redis", redis_url,
+        "queues", "migrate", "-Q", QUEUE, "--broker", brokers.beetle_url, "--redis", redis_url,
         "--settle-s", "1", *extra,
     ]  # fmt: skip
     for node in brokers.nodes:
@@ -146,7 +146,7 @@ def test_retries_pending_and_dead_letters_present_when_the_migration_starts(
     broken.unlink()
     replay = subprocess.run(
         [sys.executable, "-c", "from celery_beetle.cli import main; main()",
-         "dead", "replay", QUEUE, "--task", "eo.fixable", "--broker", brokers.beetle_url,
+         "dead", "replay", "-Q", QUEUE, "--task", "eo.fixable", "--broker", brokers.beetle_url,
          "--redis", redis_url, "--trace-dir", str(run.trace_dir)],
         capture_output=True, text=True, timeout=60,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},

@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from celery_beetle.store import RedisStore, ReplicaAckTimeout, connect, wall_clock_ms
-from celery_beetle.store.health import STORE_ERRORS
+from celery_beetle.store.health import STORE_ERRORS, RedisProbe
 from celery_beetle.store.outcome import Fence, Gate, Limits
 from celery_beetle.store.state import MessageFacts
 from tests.harness.ports import free_port
@@ -149,3 +149,24 @@ def test_a_write_no_replica_acknowledged_is_a_store_error(redis_sentinel):
         redis_sentinel.nodes[1].resume()
     assert isinstance(error.value, STORE_ERRORS)  # the worker hands back or retries
     store.close()
+
+
+def test_the_probe_takes_a_store_for_answering_only_once_a_write_gets_its_replica_acks(
+    redis_sentinel,
+):
+    """After a failover the new master takes writes before it has a replica; with
+    ``wait_replicas`` the store's writes do not count until one acknowledges, so neither
+    does the probe's, and the gate does not resume only to pause again."""
+    probe = RedisProbe(redis_sentinel.url, wait_replicas=1)
+    plain = RedisProbe(redis_sentinel.url)
+    assert probe() and plain()
+    redis_sentinel.nodes[1].pause()  # the replica stops acknowledging
+    try:
+        assert plain(), "the master still takes a write"
+        assert not probe()
+        assert "0 of 1 replica(s) acknowledged" in str(probe.last_error)
+    finally:
+        redis_sentinel.nodes[1].resume()
+    assert probe() and probe.last_error is None
+    probe.close()
+    plain.close()

@@ -110,9 +110,7 @@ def test_redis_killed_mid_run_holds_completions_until_it_returns_and_nothing_run
         sign in log
         for sign in (
             "retrying until Redis takes it",
-            "cannot store a completion yet",
-            "dedup store is unreachable",
-            "cannot claim",
+            "is unreachable",
         )
     ), log[-3000:]
 
@@ -131,7 +129,7 @@ def test_redis_down_pauses_the_gate_and_it_resumes_when_redis_answers(
         app.tasks["eo.record"].delay(item)
     time.sleep(2.5)
     assert set(counts([worker], "start")) == {0}, "nothing starts without a claim"
-    assert "dedup store is unreachable" in worker.log_text()
+    assert f"dedup store {redis_aof.url} is unreachable" in worker.log_text()
     redis_aof.start()
     assert wait_until(lambda: set(counts([worker])) == {0, *items}, timeout=30)
     assert wait_until(lambda: _drained(brokers), timeout=30)

@@ -170,18 +170,18 @@ def test_cli_lists_dead_letters_as_json_and_replays_by_task(
     (task_id,) = give_up(client(), worker, brokers, [41])
     env = {"BEETLE_BROKER_URL": brokers.beetle_url, "BEETLE_REDIS_URL": redis_url}
     runner = CliRunner()
-    listed = runner.invoke(main, ["dead", "list", "celery", "--json"], env=env)
+    listed = runner.invoke(main, ["dead", "list", "-Q", "celery", "--json"], env=env)
     assert listed.exit_code == 0, listed.output
     (entry,) = json.loads(listed.output)
     assert entry["message_id"] == task_id and entry["reason"] == "not_retryable"
-    shown = runner.invoke(main, ["dead-letters", "show", "celery", task_id], env=env)
+    shown = runner.invoke(main, ["dead-letters", "show", "-Q", "celery", task_id], env=env)
     assert shown.exit_code == 0 and '"args": [41]' in json.loads(shown.output)["arguments"]
     dry = runner.invoke(
-        main, ["dead", "replay", "celery", "--task", "eo.fixable", "--dry-run"], env=env
+        main, ["dead", "replay", "-Q", "celery", "--task", "eo.fixable", "--dry-run"], env=env
     )
     assert "run: dry run" in dry.output and dead_letter_count(brokers) == 2
     broken.unlink()
-    done = runner.invoke(main, ["dead", "replay", "celery", "--task", "eo.fixable"], env=env)
+    done = runner.invoke(main, ["dead", "replay", "-Q", "celery", "--task", "eo.fixable"], env=env)
     assert done.exit_code == 0, done.output
     assert f"{task_id}  eo.fixable  run: published to celery" in done.output
     assert wait_until(lambda: counts([worker])[41] == 1, 15)

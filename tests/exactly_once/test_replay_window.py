@@ -94,18 +94,18 @@ def test_a_dead_letter_whose_twin_completed_is_refused_after_the_record_expired_
     assert wait_until(lambda: store.peek("celery", message_id) is None, 30), "record expired"
 
     env = {"BEETLE_BROKER_URL": brokers.beetle_url, "BEETLE_REDIS_URL": redis_url}
-    listed = cli(env, "dead", "list", "celery", "--json")
+    listed = cli(env, "dead", "list", "-Q", "celery", "--json")
     assert listed.exit_code == 0, listed.output
     (entry,) = json.loads(listed.output)
     assert entry["replay"] == "refused", entry
     assert "dedup window ended" in entry["replay_reason"]
-    table = cli(env, "dead", "list", "celery")
+    table = cli(env, "dead", "list", "-Q", "celery")
     assert (
         "refused [1]" in table.output
         and f"[1] {message_id}: refused, its dedup window ended" in table.output
     ), table.output
 
-    refused = cli(env, "dead", "replay", "celery", "--all")
+    refused = cli(env, "dead", "replay", "-Q", "celery", "--all")
     assert refused.exit_code == 1, refused.output
     assert f"{message_id}  eo.record  refused: " in refused.output
     assert "--force" in refused.output
@@ -116,7 +116,7 @@ def test_a_dead_letter_whose_twin_completed_is_refused_after_the_record_expired_
     # forced copy as a duplicate; a day later the workers are others
     worker.stop()
     later = eo_worker(**SHORT_MARGIN)
-    forced = cli(env, "dead", "replay", "celery", "--all", "--force")
+    forced = cli(env, "dead", "replay", "-Q", "celery", "--all", "--force")
     assert forced.exit_code == 0, forced.output
     assert f"{message_id}  eo.record  run: " in forced.output
     assert wait_until(lambda: counts([later])[51] == 1, 15), "--force runs it"
@@ -175,7 +175,7 @@ def test_copies_of_one_message_dead_lettered_at_different_seconds_are_one_dead_l
     assert [(d.message_id, len(d.copies)) for d in letters] == [(message_id, 2)]
 
     env = {"BEETLE_BROKER_URL": brokers.beetle_url, "BEETLE_REDIS_URL": redis_url}
-    shown = cli(env, "dead", "show", "celery", message_id)
+    shown = cli(env, "dead", "show", "-Q", "celery", message_id)
     assert shown.exit_code == 0, shown.output
     assert json.loads(shown.output)["message_id"] == message_id, "one dead letter, not a list"
 

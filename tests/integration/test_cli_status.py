@@ -15,7 +15,7 @@ def status(*args: str):  # type: ignore[no-untyped-def]
 def test_status_lists_every_broker_with_queue_depths_and_the_store(brokers, redis_url):
     with Connection(brokers.url_for(0)) as conn:
         Producer(conn.default_channel).publish("x", routing_key="work", declare=[Queue("work")])
-    result = status(brokers.beetle_url, "--redis", redis_url, "-Q", "work", "-Q", "absent")
+    result = status("-b", brokers.beetle_url, "--redis", redis_url, "-Q", "work", "-Q", "absent")
     assert result.exit_code == 0, result.output
     for node in brokers.nodes:
         assert node.host_port in result.output
@@ -25,13 +25,13 @@ def test_status_lists_every_broker_with_queue_depths_and_the_store(brokers, redi
 
 def test_status_exits_1_and_names_the_broker_that_is_down(brokers):
     brokers.nodes[1].kill()
-    result = status(brokers.beetle_url)
+    result = status("-b", brokers.beetle_url)
     assert result.exit_code == 1
     line = next(x for x in result.output.splitlines() if brokers.nodes[1].host_port in x)
     assert "down" in line
 
 
 def test_status_rejects_a_malformed_url_with_the_expected_form():
-    result = status("beetle://h1:notaport//")
+    result = status("-b", "beetle://h1:notaport//")
     assert result.exit_code == 2
     assert "expected beetle://USER:PASSWORD@HOST1:PORT1" in result.output

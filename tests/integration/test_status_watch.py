@@ -57,7 +57,7 @@ def test_watch_shows_brokers_queues_the_store_verdicts_and_dead_letters(
 
 def test_metrics_without_watch_is_a_usage_error(brokers):
     result = CliRunner().invoke(
-        main, ["status", brokers.beetle_url, "--metrics", "http://x:1/metrics"]
+        main, ["status", "-b", brokers.beetle_url, "--metrics", "http://x:1/metrics"]
     )
     assert result.exit_code == 2
     assert "--metrics goes with --watch" in result.output

@@ -43,7 +43,7 @@ def test_a_classic_queue_becomes_quorum_on_every_broker_with_its_messages_and_bi
     runner = CliRunner()
     result = runner.invoke(
         main,
-        ["queues", "migrate", "jobs", "--queue-type", "quorum", "--no-workers",
+        ["queues", "migrate", "-Q", "jobs", "--queue-type", "quorum", "--no-workers",
          *_args(brokers, redis_url)],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -58,7 +58,7 @@ def test_a_classic_queue_becomes_quorum_on_every_broker_with_its_messages_and_bi
             ch.basic_publish("jobs-x", "jobs-key", b"routed")  # the binding came back
         assert [b for _, _, b in node.get_messages(brokers.vhost, "jobs")] == [b"routed"]
     status = runner.invoke(
-        main, ["queues", "migrate", "jobs", "--status", *_args(brokers, redis_url)]
+        main, ["queues", "migrate", "-Q", "jobs", "--status", *_args(brokers, redis_url)]
     )
     assert status.exit_code == 0, status.output
     assert "done" in status.output
@@ -69,7 +69,7 @@ def test_dry_run_prints_the_plan_and_changes_nothing(brokers, redis_url):
     _classic_queue_with_messages(brokers, "jobs", 2)
     result = CliRunner().invoke(
         main,
-        ["queues", "migrate", "jobs", "--queue-type", "quorum", "--arg", "x-max-length=100",
+        ["queues", "migrate", "-Q", "jobs", "--queue-type", "quorum", "--arg", "x-max-length=100",
          "--dry-run", *_args(brokers, redis_url)],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -84,7 +84,8 @@ def test_a_quorum_target_with_x_max_priority_is_refused_before_anything_changes(
         with node.connect(brokers.vhost) as conn:
             conn.channel().queue_declare("prio", durable=True, arguments={"x-max-priority": 9})
     result = CliRunner().invoke(
-        main, ["queues", "migrate", "prio", "--queue-type", "quorum", *_args(brokers, redis_url)]
+        main,
+        ["queues", "migrate", "-Q", "prio", "--queue-type", "quorum", *_args(brokers, redis_url)],
     )
     assert result.exit_code == 1
     assert "--arg x-max-priority=" in result.output
@@ -96,7 +97,7 @@ def test_a_broker_down_at_the_start_is_refused_by_name(brokers, redis_url):
     try:
         result = CliRunner().invoke(
             main,
-            ["queues", "migrate", "jobs", "--queue-type", "quorum", "--no-workers",
+            ["queues", "migrate", "-Q", "jobs", "--queue-type", "quorum", "--no-workers",
              *_args(brokers, redis_url)],
         )  # fmt: skip
     finally:
@@ -134,7 +135,7 @@ def test_a_plain_consumer_of_the_queue_makes_the_migration_refuse_to_start(broke
         Consumer(plain.channel(), [Queue("jobs", durable=True)], callbacks=[]).consume()
         fleet = ["fleet", "-Q", "jobs", *_args(brokers, redis_url)[:2], *_args(brokers, "")[6:]]
         assert wait_until(lambda: CliRunner().invoke(main, fleet).exit_code == 2, 15)
-        args = ["queues", "migrate", "jobs", "--queue-type", "quorum", "--no-workers",
+        args = ["queues", "migrate", "-Q", "jobs", "--queue-type", "quorum", "--no-workers",
                 *_args(brokers, redis_url)]  # fmt: skip
         result = CliRunner().invoke(main, args)
     assert result.exit_code == 1, result.output
@@ -153,7 +154,7 @@ def test_a_quorum_queue_goes_back_to_classic_with_its_messages(brokers, redis_ur
                 ch.basic_publish("", "jobs", f"q{i}".encode())
     result = CliRunner().invoke(
         main,
-        ["queues", "migrate", "jobs", "--queue-type", "classic", "--no-workers",
+        ["queues", "migrate", "-Q", "jobs", "--queue-type", "classic", "--no-workers",
          *_args(brokers, redis_url)],
     )  # fmt: skip
     assert result.exit_code == 0, result.output

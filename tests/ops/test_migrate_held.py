@@ -72,7 +72,7 @@ def _migrate(brokers, redis_url, log: Path) -> subprocess.Popen:
     # the test brokers' API shows queue figures every second (an operator's every 5 s:
     # the default --settle-s of 5.5 s waits for one fresh figure; 2.2 s for two here)
     args = [sys.executable, "-c", "from celery_beetle.cli import main; main()",
-            "queues", "migrate", QUEUE, "--queue-type", "quorum", "--settle-s", "2.2",
+            "queues", "migrate", "-Q", QUEUE, "--queue-type", "quorum", "--settle-s", "2.2",
             "--broker", brokers.beetle_url, "--redis", redis_url]  # fmt: skip
     for node in brokers.nodes:
         url = f"http://{node.host}:{node.management_port}"

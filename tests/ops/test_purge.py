@@ -53,10 +53,10 @@ def test_the_cli_asks_before_purging_and_yes_skips_the_question(brokers):
     dead_letter(brokers.nodes[:1], brokers.vhost, "m-1")
     env = {"BEETLE_BROKER_URL": brokers.beetle_url}
     runner = CliRunner()
-    declined = runner.invoke(main, ["dead", "purge", "jobs", "--all"], input="n\n", env=env)
+    declined = runner.invoke(main, ["dead", "purge", "-Q", "jobs", "--all"], input="n\n", env=env)
     assert declined.exit_code == 1 and "m-1" in declined.output
     assert ids(brokers) == ["m-1"]
-    done = runner.invoke(main, ["dead", "purge", "jobs", "--id", "m-1", "--yes"], env=env)
+    done = runner.invoke(main, ["dead", "purge", "-Q", "jobs", "--id", "m-1", "--yes"], env=env)
     assert done.exit_code == 0 and "1 dead letter(s) removed" in done.output
     assert ids(brokers) == []
 
@@ -65,7 +65,7 @@ def test_list_prints_one_row_per_dead_letter_naming_the_brokers_that_hold_it(bro
     dead_letter(brokers.nodes[:2], brokers.vhost, "m-1")
     result = CliRunner().invoke(
         main,
-        ["dead", "list", "jobs"],
+        ["dead", "list", "-Q", "jobs"],
         env={"BEETLE_BROKER_URL": brokers.beetle_url, "COLUMNS": "250"},
     )
     assert result.exit_code == 0, result.output

@@ -34,14 +34,15 @@ def _assert_printed_literally(result: Result, *texts: str) -> None:
         assert text in result.output, result.output
 
 
-def test_status_shows_the_error_of_a_malformed_store_url_as_written():
+def test_status_refuses_a_malformed_store_url_with_its_form_and_without_its_password():
     result = CliRunner().invoke(
         main,
-        ["status", f"beetle://127.0.0.1:{_closed_port()}/"],
+        ["status", "--broker", f"beetle://127.0.0.1:{_closed_port()}/"],
         env={**WIDE, "BEETLE_REDIS_URL": "redis://:pw@127.0.0.1:63x6/0"},
     )
-    assert result.exit_code == 1
-    _assert_printed_literally(result, "host[:port][/db]", "dedup store redis://:***@127.0.0.1")
+    assert result.exit_code == 2
+    _assert_printed_literally(result, "host[:port][/db]", "--redis", "'63x6'")
+    assert ":pw@" not in result.output
 
 
 def test_status_shows_broker_names_errors_versions_queues_and_the_store_as_written(monkeypatch):
@@ -56,7 +57,7 @@ def test_status_shows_broker_names_errors_versions_queues_and_the_store_as_writt
         report, "store", lambda url: report.StoreStatus(f"redis://{ODD}", up=False, error=ODD)
     )
     result = CliRunner().invoke(
-        main, ["status", "beetle://h1,h2/", "--redis", "redis://h", "-Q", ODD], env=WIDE
+        main, ["status", "-b", "beetle://h1,h2/", "--redis", "redis://h", "-Q", ODD], env=WIDE
     )
     assert result.exit_code == 1
     _assert_printed_literally(
@@ -74,7 +75,9 @@ def test_status_shows_an_up_store_as_written(monkeypatch):
     monkeypatch.setattr(report, "brokers", lambda url, queues: [])
     up = report.StoreStatus(f"redis://{ODD}", up=True, latency_ms=1.0, keys=2, used_memory=ODD)
     monkeypatch.setattr(report, "store", lambda url: up)
-    result = CliRunner().invoke(main, ["status", "beetle://h1,h2/", "--redis", "r"], env=WIDE)
+    result = CliRunner().invoke(
+        main, ["status", "-b", "beetle://h1,h2/", "--redis", "redis://r"], env=WIDE
+    )
     _assert_printed_literally(result, f"dedup store redis://{ODD}: up", f"2 keys, {ODD}")
 
 
@@ -109,7 +112,7 @@ def test_dead_letters_list_shows_the_queue_name_as_written(monkeypatch):
 
     monkeypatch.setattr(dead_letters, "list_dead_letters", lambda url, queue: ([], {}))
     result = CliRunner().invoke(
-        main, ["dead-letters", "list", ODD, "--broker", "beetle://h1,h2/"], env=WIDE
+        main, ["dead-letters", "list", "-Q", ODD, "--broker", "beetle://h1,h2/"], env=WIDE
     )
     assert result.exit_code == 0
     _assert_printed_literally(result, f"{ODD}.dead: 0 dead letter(s)")

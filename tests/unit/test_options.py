@@ -92,6 +92,22 @@ def test_bad_transport_option_gets_a_clear_error(transport_options, message):
         build_options("beetle://h1,h2//", transport_options)
 
 
+@pytest.mark.parametrize(
+    ("url", "transport_options"),
+    [("beetle://h1,h2//?redundancy=5", None), ("beetle://h1//", {"redundancy": 2})],
+)
+def test_a_redundancy_above_the_number_of_brokers_is_refused_naming_both(url, transport_options):
+    with pytest.raises(InvalidTransportOption, match=r"redundancy=\d asks for") as info:
+        build_options(url, transport_options)
+    assert "set redundancy to at most" in str(info.value)
+    assert "h1:5672" in str(info.value)
+
+
+def test_the_default_redundancy_on_a_one_broker_url_is_kept_without_a_word():
+    assert build_options("beetle://h1//").redundancy == 2
+    assert build_options("beetle://h1,h2,h3//?redundancy=3").redundancy == 3
+
+
 def test_retry_policy_options_of_celery_users_are_accepted():
     build_options("beetle://h1//", {"max_retries": 3, "interval_start": 0, "visibility_timeout": 1})
 

@@ -92,7 +92,9 @@ def test_status_reads_both_urls_from_files_and_prints_no_password(tmp_path: Path
 def test_status_refuses_a_url_and_a_file_together_and_a_missing_file(tmp_path: Path):
     runner = CliRunner()
     (tmp_path / "url").write_text("beetle://h")
-    both = runner.invoke(main, ["status", "beetle://h", "--broker-url-file", str(tmp_path / "url")])
+    both = runner.invoke(
+        main, ["status", "-b", "beetle://h", "--broker-url-file", str(tmp_path / "url")]
+    )
     assert both.exit_code == 2 and "not both" in both.output
     missing = runner.invoke(main, ["status", "--broker-url-file", str(tmp_path / "nope")])
     assert missing.exit_code == 2 and "cannot read the broker URL" in missing.output

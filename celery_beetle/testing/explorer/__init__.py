@@ -1,4 +1,4 @@
-"""The fault explorer (issue #25): random workloads, settings and fault schedules on real
+"""The fault explorer: random workloads, settings and fault schedules on real
 servers, judged by the audit and an effect ledger; every failure replayable from its seed.
 
 - :mod:`.scenario`: a scenario drawn from a seed (workload, settings, faults);

@@ -515,8 +515,8 @@ def _tolerate_start_window(found: list[Violation], ev: Evidence) -> list[Violati
     first line (README "Exactly once"): a process killed in that instant used an attempt
     its body never began, and no witness outside the process can tell that instant from
     the body's first line. So one message one start short may be dead-lettered per process
-    killed (a worker or a pool process, SIGKILL); more than that is #24.1 (a claim counted
-    as a start: every delivery queued in the pool at the kill)."""
+    killed (a worker or a pool process, SIGKILL); more than that is a claim counted as a
+    start (every delivery queued in the pool at the kill)."""
     window = [v for v in found if v.rule == START_WINDOW]
     others = [v for v in found if v.rule != START_WINDOW]
     if len(window) <= sum(ev.faults[k] for k in WORKER_KILLS):
@@ -525,13 +525,13 @@ def _tolerate_start_window(found: list[Violation], ev: Evidence) -> list[Violati
 
 
 def finding(violation: Violation, scenario: Scenario) -> str:
-    """Which known finding of issue #24 a violation looks like (a hint for the report, not
-    a verdict: the rule broken is the verdict)."""
+    """Which known kind of defect a violation looks like (a hint for the report, not a
+    verdict: the rule broken is the verdict); the fault explorer guide lists them."""
     settings = scenario.settings
     kinds = {f.kind for f in scenario.faults}
     rule = violation.rule
     if rule == "dead_never_started":
-        return "#24.1 claim counted as a start"
+        return "known: a claim counted as a start"
     if settings.acks_late is False and rule in (
         "success_dead",
         "inbox_committed_dead",
@@ -539,13 +539,13 @@ def finding(violation: Violation, scenario: Scenario) -> str:
         "lost",
         "audit",
     ):
-        return "#24.2 acks_late=False success turned into a failure"
+        return "known: acks_late=False turns a success into a failure"
     if rule == "inbox_committed_dead":
-        return "#24.6 inbox dead-lettered after its commit"
+        return "known: an inbox task dead-lettered after its commit"
     if rule == "success_dead":
         return f"new: a returned body's completion not stored in time (pool={settings.pool})"
     if rule in ("lost", "audit", "leftover") and "migrate" in kinds:
-        return "#24.3 migration loses held deliveries?"
+        return "known: a migration loses held deliveries?"
     return f"new: {rule}"
 
 

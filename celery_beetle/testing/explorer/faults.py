@@ -239,7 +239,7 @@ class Nemesis(threading.Thread):
     def _migrate(self, target: int, duration_s: float) -> None:
         run = self.run_
         run.fleet.conf["task_default_queue_type"] = "quorum"  # what a restarted worker says
-        args = ["queues", "migrate", run.queue, "--broker", run.url, "--redis", run.redis_url]
+        args = ["queues", "migrate", "-Q", run.queue, "--broker", run.url, "--redis", run.redis_url]
         args += ["--settle-s", "1", "--queue-type", "quorum"]
         for node, proxy in zip(run.nodes, run.proxies, strict=True):
             api = f"http://{node.host}:{node.management_port}"
@@ -270,7 +270,7 @@ class Nemesis(threading.Thread):
 
     def _replay(self, target: int, duration_s: float) -> None:
         run = self.run_
-        args = ["dead", "replay", run.queue, "--all", "--broker", run.url]
+        args = ["dead", "replay", "-Q", run.queue, "--all", "--broker", run.url]
         self._beetle("replay", *args, "--redis", run.redis_url, "--trace-dir", str(run.trace))
 
     # -- the end -----------------------------------------------------------------------------

@@ -17,8 +17,9 @@ import pytest
 
 from celery_beetle.testing.conformance.cli import SUITES
 from celery_beetle.testing.conformance.differences import DIFFERENCES
+from celery_beetle.testing.conformance.overrides import CONFTEST
 from celery_beetle.testing.conformance.results import compare
-from celery_beetle.testing.conformance.runner import run_suite, running_servers
+from celery_beetle.testing.conformance.runner import TRANSPORTS, run_suite, running_servers
 from celery_beetle.testing.conformance.sdists import SdistError, installed_version, unpack_tests
 
 pytestmark = pytest.mark.integration
@@ -38,8 +39,12 @@ def test_celerys_own_task_suite_passes_with_every_task_a_beetle_task_as_over_pya
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(str(exc), pytrace=False)
         pytest.skip(str(exc))
+    (tree / "t" / "conftest.py").write_text(CONFTEST)
+    trees = dict.fromkeys(TRANSPORTS, tree)
     with running_servers(tmp_path / "servers") as servers:
-        runs = run_suite(tree, [SUITES["tasks"]], servers, tmp_path / "runs", parallel=True)
+        runs = run_suite(
+            trees, [SUITES["tasks"]], servers.environment, tmp_path / "runs", parallel=True
+        )
     comparison = compare(f"celery {version}", runs["pyamqp"].outcomes, runs["beetle"].outcomes)
     report = "\n".join(comparison.lines())
     unexplained = [test for test in comparison.failed_only_beetle if test not in DIFFERENCES]

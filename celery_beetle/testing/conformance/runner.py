@@ -14,12 +14,12 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from celery_beetle.testing.conformance.overrides import CONFTEST, STORE_ENV
+from celery_beetle.testing.conformance.overrides import STORE_ENV
 from celery_beetle.testing.conformance.results import Outcome, read_junit
 from celery_beetle.testing.rabbit import RabbitNode, beetle_url, start_all, stop_all
 from celery_beetle.testing.redis_server import RedisServer
@@ -78,6 +78,15 @@ class Servers:
             env["TEST_BROKER"] = self.nodes[0].amqp_url(vhost).replace("amqp://", "pyamqp://", 1)
         return env
 
+    def kombu_environment(self, transport: str) -> dict[str, str]:
+        """What kombu's ``test_py_amqp.py`` reads: one broker's port, or, for its beetle
+        copy (:mod:`.kombu`), both brokers' addresses after the first host."""
+        first, second = self.nodes
+        port = str(first.port)
+        if transport == "beetle":
+            port = f"{first.port},{second.host_port}"
+        return {"RABBITMQ_HOST": first.host, "RABBITMQ_5672_TCP": port}
+
 
 @contextlib.contextmanager
 def running_servers(base: Path) -> Iterator[Servers]:
@@ -89,24 +98,24 @@ def running_servers(base: Path) -> Iterator[Servers]:
 
 
 def run_suite(
-    tree: Path,
+    trees: Mapping[str, Path],
     files: Sequence[str],
-    servers: Servers,
+    environment: Callable[[str], dict[str, str]],
     out: Path,
     *,
     select: str | None = None,
     parallel: bool = False,
-    transports: Sequence[str] = TRANSPORTS,
 ) -> dict[str, Run]:
-    """Run ``files`` of the suite in ``tree`` under each transport (at once with ``parallel``)."""
-    (tree / "t" / "conftest.py").write_text(CONFTEST)
+    """Run ``files`` of the suite under each transport, in its tree (``trees[transport]``)
+    and ``environment(transport)``; all at once with ``parallel``."""
     out.mkdir(parents=True, exist_ok=True)
 
     def one(transport: str) -> Run:
-        return _run(tree, files, servers.environment(transport), out, transport, select)
+        tree = trees[transport]
+        return _run(tree, files, environment(transport), out, transport, select)
 
-    with ThreadPoolExecutor(max_workers=len(transports) if parallel else 1) as pool:
-        return dict(zip(transports, pool.map(one, transports), strict=True))
+    with ThreadPoolExecutor(max_workers=len(trees) if parallel else 1) as pool:
+        return dict(zip(trees, pool.map(one, trees), strict=True))
 
 
 def _run(
@@ -117,7 +126,7 @@ def _run(
     transport: str,
     select: str | None,
 ) -> Run:
-    stem = f"{Path(files[0]).stem}-{transport}" if len(files) == 1 else f"suite-{transport}"
+    stem = f"{tree.name}-{Path(files[0]).stem}-{transport}"
     junit, log = out / f"{stem}.xml", out / f"{stem}.log"
     command = [
         sys.executable, "-m", "pytest", *files, "-p", "no:cacheprovider",

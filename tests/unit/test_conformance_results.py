@@ -17,6 +17,10 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?>
   <skipped type="pytest.skip" message="needs redis" /></testcase>
 <testcase classname="t.integration.test_canvas.test_chord" name="test_known_bug">
   <skipped type="pytest.xfail" message="known" /></testcase>
+<testcase classname="t.integration.test_canvas.test_chord" name="test_subtests" />
+<testcase classname="t.integration.test_canvas.test_chord" name="test_subtests">
+  <failure message="subtest">...</failure></testcase>
+<testcase classname="t.integration.test_canvas.test_chord" name="test_subtests" />
 </testsuite></testsuites>
 """
 
@@ -30,6 +34,7 @@ def test_each_case_is_named_by_module_class_and_test_with_its_outcome(tmp_path: 
         "test_tasks::test_tasks::test_setup_error": Outcome.FAILED,
         "test_canvas::test_chord::test_redis": Outcome.SKIPPED,
         "test_canvas::test_chord::test_known_bug": Outcome.XFAILED,
+        "test_canvas::test_chord::test_subtests": Outcome.FAILED,  # one subtest failed
     }
 
 

@@ -23,13 +23,22 @@ class Outcome(str, enum.Enum):
         return self is not Outcome.FAILED
 
 
+#: which of a test's reports decides its outcome: a failure, else a pass, ...
+RANK = {Outcome.SKIPPED: 0, Outcome.XFAILED: 1, Outcome.PASSED: 2, Outcome.FAILED: 3}
+
+
 def read_junit(path: Path) -> dict[str, Outcome]:
-    """``{"test_tasks::test_tasks::test_expired": outcome}`` for every test case in ``path``."""
+    """``{"test_tasks::test_tasks::test_expired": outcome}`` for every test in ``path``.
+
+    A test with subtests has a case per report: it failed if any of them did.
+    """
     outcomes: dict[str, Outcome] = {}
     for case in ET.parse(path).getroot().iter("testcase"):
         module = case.get("classname", "").removeprefix("t.integration.")
         test = f"{module.replace('.', '::')}::{case.get('name')}"
-        outcomes[test] = _outcome(case)
+        outcome, before = _outcome(case), outcomes.get(test)
+        if before is None or RANK[outcome] > RANK[before]:
+            outcomes[test] = outcome
     return outcomes
 
 

@@ -1,4 +1,5 @@
-"""Celery's own ``t/integration/test_tasks.py`` passes with every task a BeetleTask.
+"""Celery's own ``t/integration/test_tasks.py`` (and ``test_canvas.py``'s chains with
+chords) pass with every task a BeetleTask.
 
 The suite of the installed Celery's sdist runs over ``pyamqp://`` (plain Celery) and, at
 once, over ``beetle://`` on two brokers with every task a BeetleTask at the task options'
@@ -29,8 +30,16 @@ SDISTS = Path(tempfile.gettempdir()) / "beetle-conformance" / "sdists"
 
 
 @pytest.mark.timeout(900)
-def test_celerys_own_task_suite_passes_with_every_task_a_beetle_task_as_over_pyamqp(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("suite", "select"),
+    [
+        pytest.param("tasks", None, id="test_tasks"),
+        # the canvas suite takes 15 min over pyamqp alone: its chains with chords in CI
+        pytest.param("canvas", "test_chain and chord", id="test_canvas-chains-with-chords"),
+    ],
+)
+def test_celerys_own_suite_passes_with_every_task_a_beetle_task_as_over_pyamqp(
+    tmp_path: Path, suite: str, select: str | None
 ):
     version = installed_version("celery")
     try:
@@ -43,10 +52,11 @@ def test_celerys_own_task_suite_passes_with_every_task_a_beetle_task_as_over_pya
     trees = dict.fromkeys(TRANSPORTS, tree)
     with running_servers(tmp_path / "servers") as servers:
         runs = run_suite(
-            trees, [SUITES["tasks"]], servers.environment, tmp_path / "runs", parallel=True
-        )
+            trees, [SUITES[suite]], servers.environment, tmp_path / "runs",
+            select=select, parallel=True,
+        )  # fmt: skip
     comparison = compare(f"celery {version}", runs["pyamqp"].outcomes, runs["beetle"].outcomes)
     report = "\n".join(comparison.lines())
     unexplained = [test for test in comparison.failed_only_beetle if test not in DIFFERENCES]
     assert not unexplained, f"{report}\nlogs: {runs['beetle'].log}"
-    assert len(comparison.passed_both) >= 40, report  # the suite ran, not just its setup
+    assert len(comparison.passed_both) >= 25, report  # the suite ran, not just its setup

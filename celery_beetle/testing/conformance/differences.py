@@ -31,7 +31,7 @@ DIFFERENCES: dict[str, str] = {
         f"test_canvas::test_chord::test_mutable_errback_called_by_chord_from_{where}[{style}]": (
             _SAME_ID
         )
-        for where in ("chain", "group")
+        for where in ("chain", "chain_tail", "group")
         for style in ("errback_old_style", "errback_new_style")
     },
 }

@@ -70,10 +70,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 from billiard.exceptions import TimeLimitExceeded
 from celery import Task
+from celery.signals import before_task_publish
 from celery.worker.request import Request
 
 from celery_beetle.settings import DEPRECATED_OPTIONS, TASK_OPTIONS, BeetleSettings, take_deprecated
@@ -230,16 +232,20 @@ class BeetleTask(Task):
                     task_id, options.get("retries"), options.get("replaced_task_nesting")
                 ),
             )
-        return super().apply_async(
-            args,
-            kwargs,
-            task_id=task_id,
-            producer=producer,
-            link=link,
-            link_error=link_error,
-            shadow=shadow,
-            **options,
-        )
+        publishing = _publishing.set(True)
+        try:
+            return super().apply_async(
+                args,
+                kwargs,
+                task_id=task_id,
+                producer=producer,
+                link=link,
+                link_error=link_error,
+                shadow=shadow,
+                **options,
+            )
+        finally:
+            _publishing.reset(publishing)
 
     # -- running ---------------------------------------------------------------------------
 
@@ -253,6 +259,27 @@ class BeetleTask(Task):
         ):
             return super().__call__(*args, **kwargs)
         return Run(self, request).execute(args, kwargs)
+
+
+#: True while :meth:`BeetleTask.apply_async` publishes (see :func:`_no_broker_expiry`)
+_publishing: ContextVar[bool] = ContextVar("beetle_publishing", default=False)
+
+
+def _no_broker_expiry(sender: Any = None, properties: Any = None, **kwargs: Any) -> None:
+    """Publish a BeetleTask's message without the AMQP ``expiration`` Celery derives from
+    ``expires``, so that its worker, not a broker, decides its expiry.
+
+    A broker discards an expired message unseen: nobody stores ``REVOKED``, and the
+    caller's ``get()`` waits forever. A BeetleTask acks late, so a message that waits behind
+    a full prefetch window (its worker busy) is still in its queue when it expires. Without
+    the property it is delivered, and the worker revokes it as Celery's does (Celery's
+    ``expires`` header): ``REVOKED`` stored once, by the copy that decided it.
+    """
+    if _publishing.get() and isinstance(properties, dict):
+        properties.pop("expiration", None)
+
+
+before_task_publish.connect(_no_broker_expiry, weak=False, dispatch_uid="beetle_no_broker_expiry")
 
 
 #: The Celery event a copy dropped at the pool's claim gets (fields: ``uuid``, ``reason``:

@@ -59,13 +59,18 @@ AMQP_CONNECTION_OPTIONS = frozenset(
 )
 
 #: Options of other transports or of kombu/Celery retry policies that Celery users
-#: commonly keep in ``broker_transport_options``; accepted and ignored.
+#: commonly keep in ``broker_transport_options``, and those ``kombu.Connection`` reads there
+#: for its own connection retries (``connect_retries_timeout``, ``errback``, ``callback``);
+#: accepted and ignored by the transport.
 IGNORED_OPTIONS = frozenset(
     {
         "max_retries",
         "interval_start",
         "interval_step",
         "interval_max",
+        "connect_retries_timeout",
+        "errback",
+        "callback",
         "visibility_timeout",
         "polling_interval",
         "priority_steps",

@@ -67,6 +67,11 @@ def make_app(
         ran("note", value)
         return value
 
+    @app.task(name="sem.sleeping", shared=False)
+    def sleeping(seconds: float) -> None:
+        ran("sleeping", seconds)
+        time.sleep(seconds)
+
     @app.task(name="sem.fail", shared=False)
     def fail(x: int) -> None:
         ran("fail", x)

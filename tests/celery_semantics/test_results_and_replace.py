@@ -19,6 +19,8 @@ from tests.harness.waiting import wait_until
 pytestmark = pytest.mark.integration
 
 RESULT_TIMEOUT_S = 30
+#: sleeping tasks that fill the worker's prefetch window (two pool processes, four each)
+FILL = 8
 
 
 def _queued(brokers) -> int:
@@ -58,6 +60,28 @@ def test_an_expired_task_is_revoked_once_for_its_waiting_caller_and_never_runs(
     assert wait_until(lambda: _queued(brokers) == 0, timeout=20)
     assert beetle_semantics.worker_log().count("Discarding revoked task") == 1
     assert beetle_semantics.runs() == Counter()
+
+
+@pytest.mark.parametrize("expires", ["seconds", "datetime"])
+def test_a_task_that_expires_while_waiting_in_the_worker_is_revoked_once_for_its_caller(
+    beetle_semantics, brokers, expires
+):
+    """Celery's own ``test_expired``: sleeping tasks fill the worker's prefetch window, and
+    a task that expires while it waits behind them in its queue is ``REVOKED`` for its
+    caller, whose ``get()`` raises ``TaskRevokedError`` instead of waiting forever (a broker
+    that expired the message itself would discard it unseen); its body never runs, and the
+    twin copy is dropped rather than revoked a second time."""
+    app = beetle_semantics.app
+    for _ in range(FILL):
+        app.tasks["sem.sleeping"].delay(2)
+    when = 1 if expires == "seconds" else datetime.now(timezone.utc) + timedelta(seconds=1)
+    result = app.tasks["sem.add"].apply_async((1, 1), expires=when)
+    with pytest.raises(TaskRevokedError):
+        result.get(timeout=RESULT_TIMEOUT_S)
+    assert result.state == "REVOKED"
+    assert wait_until(lambda: _queued(brokers) == 0, timeout=RESULT_TIMEOUT_S)
+    assert beetle_semantics.worker_log().count("Discarding revoked task") == 1
+    assert beetle_semantics.runs() == Counter({"sleeping": FILL})
 
 
 def test_a_dead_lettered_task_ends_its_callers_wait_with_failure_and_the_reason_once(

@@ -112,6 +112,13 @@ def test_retry_policy_options_of_celery_users_are_accepted():
     build_options("beetle://h1//", {"max_retries": 3, "interval_start": 0, "visibility_timeout": 1})
 
 
+def test_the_retry_options_kombu_connection_reads_from_transport_options_are_accepted():
+    build_options(
+        "beetle://h1//",
+        {"connect_retries_timeout": None, "errback": print, "callback": print, "max_retries": 0},
+    )
+
+
 def test_subscription_only_brokers_are_consumed_but_not_published_to():
     options = build_options(
         "beetle://h1,h2//", {"additional_subscription_brokers": "old1:5672,h2:5672"}

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from celery import Celery, Task
 from celery.exceptions import ImproperlyConfigured
+from kombu import Producer
 
 import celery_beetle
 from celery_beetle import BeetleTask
@@ -175,6 +176,27 @@ def test_redundant_false_publishes_one_copy_still_deduplicated(monkeypatch):
     single.apply_async(task_id="b")
     assert [kw["headers"] for kw in sent] == [{}, {}]
     assert [kw["message_id"] for kw in sent] == ["a", "b"]
+
+
+def test_a_beetle_tasks_expires_reaches_its_worker_but_no_broker_may_discard_it(monkeypatch):
+    """Celery sends ``expires`` as the AMQP ``expiration`` too: a broker would discard the
+    message unseen and nobody store REVOKED. A BeetleTask's message keeps Celery's
+    ``expires`` header (its worker revokes it) without the property; a plain task's keeps both."""
+    app = make_app()
+    published: list[dict[str, Any]] = []
+    monkeypatch.setattr(Producer, "publish", lambda self, body, **kw: published.append(kw))
+
+    @app.task(base=BeetleTask, shared=False)
+    def job() -> None: ...
+
+    @app.task(shared=False)
+    def plain() -> None: ...
+
+    job.apply_async(expires=10)
+    plain.apply_async(expires=10)
+    beetle, celery = published
+    assert "expiration" not in beetle and beetle["headers"]["expires"]
+    assert celery["expiration"] == 10 and celery["headers"]["expires"]
 
 
 def test_a_celery_retry_or_replacement_is_a_new_message_with_a_stable_id():

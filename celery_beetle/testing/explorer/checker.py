@@ -54,6 +54,7 @@ __all__ = [
     "chord_body_key",
     "chords_may_fail",
     "judge",
+    "known",
     "link_key",
     "member_key",
     "read_trace",
@@ -522,6 +523,25 @@ def _tolerate_start_window(found: list[Violation], ev: Evidence) -> list[Violati
     if len(window) <= sum(ev.faults[k] for k in WORKER_KILLS):
         return others
     return others + [Violation("dead_never_started", v.key, v.detail) for v in window]
+
+
+def known(key: str, ev: Evidence) -> list[str]:
+    """What the checker knows of one message, a line per witness (the first lines of a
+    failing message's story in the soak's report)."""
+    item = ev.keys.get(key)
+    entry = ev.ledger.entry(key)
+    trace = ev.trace
+    what = f"{item.kind}:{item.mode} (item {item.index})" if item else "a message of an item"
+    return [
+        f"{key}: {what}, publish confirmed={key in ev.confirmed}",
+        f"  trace: {trace.started[key]} started, {trace.completed[key]} completed, "
+        f"told completed by the store={key in trace.seen_completed}, "
+        f"dead-lettered {list(trace.dead.get(key, []))}, {trace.replays[key]} replay(s)",
+        f"  ledger: {len(entry.starts)} start(s), {len(entry.ends)} end(s), "
+        f"{entry.fails} fail(s), {len(entry.committed)} commit(s), {len(entry.retried)} retry",
+        f"  brokers' dead letters: {sorted(ev.dead_letters.get(key, set()))}; "
+        f"without an outcome at the drain's end: {key in ev.unresolved}",
+    ]
 
 
 def finding(violation: Violation, scenario: Scenario) -> str:

@@ -43,6 +43,8 @@ class Outcome:
     elapsed_s: float
     base: Path
     notes: list[str] = field(default_factory=list)
+    #: the first violating message's story: what the checker knows, then its timeline
+    story: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
@@ -125,6 +127,22 @@ def body_seconds(scenario: Scenario) -> float:
     return total
 
 
+def _story(
+    violations: list[checker.Violation], evidence: checker.Evidence, base: Path
+) -> list[str]:
+    """The first violating message's story (nothing when the run passed)."""
+    if not violations:
+        return []
+    from celery_beetle.testing.explorer.timeline import timeline
+
+    # a message's, rather than a queue's (``leftover``) or the whole trace's (``-``)
+    messages = [v for v in violations if v.rule != "leftover" and v.key != "-"]
+    if not messages:
+        return [str(violations[0])]
+    first = messages[0]
+    return [str(first), *checker.known(first.key, evidence), *timeline(base, first.key, 40)]
+
+
 def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
     """Run ``scenario`` on ``cluster``'s servers; every process it started is gone after."""
     t0 = time.monotonic()
@@ -184,6 +202,7 @@ def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
             unresolved=unresolved,
         )
         violations = checker.judge(scenario, evidence)
+        story = _story(violations, evidence, base)
         notes += publisher.errors[:5] + nemesis.errors
         (base / "verdict.json").write_text(
             json.dumps(
@@ -205,6 +224,7 @@ def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
             round(time.monotonic() - t0, 1),
             base,
             notes,
+            story,
         )
     finally:
         nemesis.stopping.set()

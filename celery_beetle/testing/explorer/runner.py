@@ -131,6 +131,11 @@ def _key_of(props: Any) -> str:
     return str(headers.get("id") or props.correlation_id or "?")
 
 
+def _by_reason(dead: dict[str, set[str]]) -> dict[str, int]:
+    """How many messages have a dead letter of each reason (the broker's as ``broker:…``)."""
+    return dict(Counter(reason for reasons in dead.values() for reason in reasons))
+
+
 def drain_deadline_s(scenario: Scenario) -> float:
     """Long enough for every body to run on the scenario's pool slots, plus its leases: a
     single solo worker with many long bodies needs minutes (soak seeds 3021 and 3047 were
@@ -179,7 +184,8 @@ def _story(
     if not messages:
         return [str(violations[0])]
     first = messages[0]
-    return [str(first), *checker.known(first.key, evidence), *timeline(base, first.key, 40)]
+    key = first.key.rsplit("/", 1)[-1]  # the audit names ``<queue>/<message id>``
+    return [str(first), *checker.known(key, evidence), *timeline(base, key, 40)]
 
 
 def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
@@ -257,6 +263,7 @@ def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
                     "nemesis": nemesis.describe(),
                     "publish_errors": publisher.errors,
                     "audit": evidence.audit.counts,
+                    "dead_letters_by_reason": _by_reason(dead),
                 },
                 indent=1,
             )

@@ -66,7 +66,7 @@ def _page(rows: Sequence[Row], started_at: float) -> str:
     verdict = (
         f'<p class="bad">{len(failing)} of {len(rows)} scenarios failed</p>'
         if failing
-        else f'<p class="good">all {len(rows)} scenarios passed</p>'
+        else f'<p class="good">{_passed(len(rows))}</p>'
     )
     seeds = [r.seed for r in rows]
     totals = [
@@ -95,6 +95,10 @@ def _page(rows: Sequence[Row], started_at: float) -> str:
             "</body></html>",
         ]
     )
+
+
+def _passed(n: int) -> str:
+    return "the scenario passed" if n == 1 else f"all {n} scenarios passed"
 
 
 def _failures(failing: Sequence[Row]) -> str:
@@ -160,6 +164,12 @@ def _png(fig: Any) -> bytes:
     return out.getvalue()
 
 
+def _whole() -> Any:
+    from matplotlib.ticker import MaxNLocator
+
+    return MaxNLocator(integer=True)
+
+
 def _over_time(rows: Sequence[Row], started_at: float) -> bytes:
     fig, ax = _figure("scenarios over time")
     for failed, colour, label in ((False, PASS, "passed"), (True, FAIL, "failed")):
@@ -177,7 +187,8 @@ def _over_time(rows: Sequence[Row], started_at: float) -> bytes:
             ax.annotate(str(r.seed), ((r.ended_at - started_at) / 60, r.elapsed_s), fontsize=7)
     ax.set_xlabel("minutes into the soak (when the scenario ended)")
     ax.set_ylabel("scenario's run time (s)")
-    ax.set_xlim(left=0)
+    last = max(((r.ended_at - started_at) / 60 for r in rows), default=1.0)
+    ax.set_xlim(0, last * 1.1 or 1.0)  # room for the last seed's label
     ax.set_ylim(bottom=0)
     ax.legend(loc="upper left", fontsize=8)
     return _png(fig)
@@ -199,6 +210,7 @@ def _faults_chart(faults: Counter[str]) -> bytes:
     else:
         ax.text(0.5, 0.5, "no faults", ha="center", va="center", transform=ax.transAxes)
     ax.tick_params(axis="y", labelsize=7)
+    ax.xaxis.set_major_locator(_whole())
     ax.set_xlabel("times injected")
     return _png(fig)
 
@@ -217,6 +229,7 @@ def _messages_chart(rows: Sequence[Row], started_at: float) -> bytes:
             ax.axvline((r.ended_at - started_at) / 60, color=FAIL, alpha=0.4, lw=1)
     ax.set_xlabel("minutes into the soak (red: a failing scenario ended)")
     ax.set_ylabel("messages judged, in all")
+    ax.yaxis.set_major_locator(_whole())
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     return _png(fig)

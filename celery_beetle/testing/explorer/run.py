@@ -298,9 +298,20 @@ class Run:
         return {k for k in keys if trace.is_completed(k) or trace.dead.get(k) or k in by_broker}
 
 
+#: how often a RabbitMQ 3.x channel checks its consumer timeout (``channel_tick_interval``)
+TICK_MS = 60_000
+
+
 def set_consumer_timeout(node: RabbitNode, timeout_ms: int) -> None:
-    """RabbitMQ's ``consumer_timeout`` on a running node (3.10 checks it once a minute)."""
-    node.ctl("eval", f"application:set_env(rabbit, consumer_timeout, {int(timeout_ms)}).")
+    """RabbitMQ's ``consumer_timeout`` on a running node. A 3.x channel checks it on its
+    tick, once a minute by default, longer than a scenario holds a delivery: below the
+    default the tick is made one second (each channel reads it as it sets its next tick)."""
+    tick = TICK_MS if timeout_ms >= CONSUMER_TIMEOUT_MS else 1000
+    node.ctl(
+        "eval",
+        f"application:set_env(rabbit, consumer_timeout, {int(timeout_ms)}), "
+        f"application:set_env(rabbit, channel_tick_interval, {tick}).",
+    )
 
 
 def _new_database(pg: Any) -> str:

@@ -264,6 +264,7 @@ def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
                     "publish_errors": publisher.errors,
                     "audit": evidence.audit.counts,
                     "dead_letters_by_reason": _by_reason(dead),
+                    "story": story,
                 },
                 indent=1,
             )

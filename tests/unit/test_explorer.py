@@ -10,7 +10,14 @@ from celery_beetle.audit.naive import Verdict
 from celery_beetle.testing.explorer import allowed, checker
 from celery_beetle.testing.explorer.allowed import GIVE_UP
 from celery_beetle.testing.explorer.ledger import note, read_dir
-from celery_beetle.testing.explorer.scenario import Fault, Item, Scenario, Settings, draw
+from celery_beetle.testing.explorer.scenario import (
+    FIFTH_FAULTS,
+    Fault,
+    Item,
+    Scenario,
+    Settings,
+    draw,
+)
 from celery_beetle.testing.explorer.shrink import candidates, regression_test_source
 from celery_beetle.testing.explorer.timeline import timeline
 
@@ -400,6 +407,10 @@ def _fourth(item: Item) -> bool:
     return item.kind == "retry" and (item.retry_s == 0 or item.mode == "past_max")
 
 
+#: the fifth version's settings (and ``Fault.bound``), left out of what earlier versions pin
+_FIFTH_SETTINGS = ("rabbit4", "consumer_timeout_ms")
+
+
 def _v3_digest(scenario: Scenario) -> str:
     import hashlib
     import json
@@ -407,7 +418,24 @@ def _v3_digest(scenario: Scenario) -> str:
 
     view = asdict(scenario)
     view["items"] = [asdict(i) for i in scenario.items if not _fourth(i)]
+    for name in _FIFTH_SETTINGS:
+        del view["settings"][name]
+    view["faults"] = [
+        {k: v for k, v in asdict(f).items() if k != "bound"}
+        for f in scenario.faults
+        if f.kind not in FIFTH_FAULTS
+    ]
     return hashlib.sha256(json.dumps(view, sort_keys=True).encode()).hexdigest()[:16]
+
+
+PINNED_V4 = {
+    1000: "af049494b409d3df",
+    1004: "61b8f0f9994e317e",
+    3022: "adfac2e29832aae9",
+    5000: "22ae8bdc4de19ca9",
+    5071: "fba5258419a99c32",
+    90003: "e216cfbfb1eeb91b",
+}
 
 
 def test_the_fourth_version_keeps_every_seeds_third_version_scenario():
@@ -422,6 +450,86 @@ def test_the_fourth_version_keeps_every_seeds_third_version_scenario():
         90003: "66b5397f31dff473",
     }
     assert {seed: _v3_digest(draw(seed)) for seed in pinned} == pinned
+
+
+def test_the_fifth_version_keeps_every_seeds_fourth_version_scenario():
+    """Pinned on the draw's fourth version (before the fifth was added): the whole scenario
+    but the fifth version's settings and faults stays what it was."""
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    def digest(scenario: Scenario) -> str:
+        view = asdict(scenario)
+        for name in _FIFTH_SETTINGS:
+            del view["settings"][name]
+        view["faults"] = [
+            {k: v for k, v in asdict(f).items() if k != "bound"}
+            for f in scenario.faults
+            if f.kind not in FIFTH_FAULTS
+        ]
+        return hashlib.sha256(json.dumps(view, sort_keys=True).encode()).hexdigest()[:16]
+
+    pinned = PINNED_V4
+    assert {seed: digest(draw(seed)) for seed in pinned} == pinned
+
+
+def test_the_fifth_version_draws_rabbitmq_4s_limits_and_queue_bounds_where_they_apply():
+    scenarios = [draw(seed) for seed in range(400)]
+    limited = [s for s in scenarios if s.settings.rabbit4]
+    assert 0.12 < len(limited) / len(scenarios) < 0.28
+    assert not any(f.kind == "migrate" for s in limited for f in s.faults)
+    assert {s.settings.consumer_timeout_ms for s in limited} == {0, 5000, 10000}
+    assert not any(s.settings.consumer_timeout_ms for s in scenarios if not s.settings.rabbit4)
+    bounds = [f for s in scenarios for f in s.faults if f.kind == "queues_bound"]
+    assert 0.08 < len(bounds) / len(scenarios) < 0.22
+    assert {f.bound for f in bounds if f.target == 0} <= {200, 1000, 2000}
+    assert {f.bound for f in bounds if f.target == 1} <= {2, 5, 10}
+    assert {f.target for f in bounds} == {0, 1}
+
+
+def test_a_message_a_queue_bound_dead_lettered_is_judged_dead_lettered_not_lost():
+    item = Item(0, "work", "ok")
+    key = "s1-0-x"
+    bound = Fault(1.0, "queues_bound", 0, 3.0, bound=200)
+    scenario = _scenario(Settings(), item, bound)
+
+    def judged(dead: set[str], faults: dict[str, int], **fields: object) -> list[str]:
+        ev = _evidence(key, item, dead_letters={key: dead}, **fields)
+        ev.faults = Counter(faults)
+        return sorted(v.rule for v in checker.judge(scenario, ev))
+
+    bounded = {"queues_bound": 1}
+    assert judged({"broker:expired"}, bounded) == []
+    assert judged({"broker:maxlen"}, bounded) == []
+    assert judged({"broker:expired"}, {}) == ["outcome"]  # no bound: not RabbitMQ's to drop
+    assert judged({"broker:delivery_limit"}, bounded) == ["outcome"]  # RabbitMQ 4's limit
+    assert judged(set(), bounded) == ["lost"]  # gone without a dead letter
+    # the audit reads the trace only: there such a message has no end
+    said_lost = Verdict({"lost": 1}, {"lost": [f"explore/{key}"]})
+    assert judged({"broker:expired"}, bounded, audit=said_lost) == []
+    assert judged(set(), bounded, audit=said_lost) == ["audit", "lost"]
+
+
+def test_a_surplus_copy_expired_beside_a_completed_one_is_no_second_outcome(tmp_path: Path):
+    item = Item(0, "work", "ok")
+    key = "s1-0-x"
+    scenario = _scenario(Settings(), item, Fault(1.0, "queues_bound", 1, 3.0, bound=2))
+    ev = _evidence(key, item, dead_letters={key: {"broker:maxlen"}})
+    ev.trace.completed[key] = 1
+    ev.faults = Counter({"queues_bound": 1})
+    assert checker.judge(scenario, ev) == []
+    ev.faults = Counter()
+    assert [v.rule for v in checker.judge(scenario, ev)] == ["both", "outcome"]
+
+
+def test_a_broker_dead_letter_reads_rabbitmqs_reason_when_the_worker_wrote_none():
+    from celery_beetle.testing.explorer.runner import dead_reason
+
+    assert dead_reason({"x-beetle-dead-reason": "not_retryable"}) == "not_retryable"
+    assert dead_reason({"x-death": [{"reason": "expired", "queue": "q"}]}) == "broker:expired"
+    assert dead_reason({"x-death": [{"reason": b"maxlen"}]}) == "broker:maxlen"
+    assert dead_reason({}) == "None"
 
 
 def test_the_fourth_version_draws_long_chains_and_retries_without_countdown_or_past_max():

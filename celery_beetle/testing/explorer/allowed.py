@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from celery_beetle.testing.explorer.scenario import Item, Settings
 
 __all__ = [
+    "BOUNDED",
+    "FIFTH_VERSION",
     "FOURTH_VERSION",
     "RULES",
     "THIRD_VERSION",
@@ -111,6 +113,27 @@ FOURTH_VERSION: dict[str, str] = {
     "dead-letters at once (the explorer's `retry_on` is RuntimeError: the last run is a "
     "`fatal` body, `dead:not_retryable`)",
 }
+
+#: what the fifth version's settings and faults allow, each from its doc
+FIFTH_VERSION: dict[str, str] = {
+    "rabbit4": 'compatibility.md "RabbitMQ 3.x and 4.x" and operations.md: a quorum queue\'s '
+    "delivery-limit of 20 drops (or dead-letters) a message returned more often; a worker "
+    "replaces a delivery counted 10 times by a fresh copy, so hand-backs, restarts and "
+    "consumer timeouts never add up to it (every rule holds unchanged: a dead letter with "
+    "RabbitMQ's reason `delivery_limit` is an `outcome` breach)",
+    "consumer_timeout": "a channel the broker closes under a consumer (a delivery held "
+    "unacked past consumer_timeout) gives its deliveries back; the worker consumes again "
+    "on a new channel (every rule holds unchanged)",
+    "queues_bound": 'operations.md "Queue policies": every broker-side dead letter '
+    "(expired, overflowed) lands in the queue's own `<queue>.dead`, with RabbitMQ's "
+    "`x-death` reason; so under a TTL or a max-length a message may end dead-lettered by "
+    "the broker (`broker:expired`, `broker:maxlen`) instead of running, never silently "
+    "gone (no outcome at all is still `lost`); a copy that expired beside one that "
+    "completed is a surplus copy, not a second outcome",
+}
+
+#: the outcomes RabbitMQ gives a message a queue bound (FIFTH_VERSION "queues_bound") took
+BOUNDED = frozenset({"dead:broker:expired", "dead:broker:maxlen"})
 
 GIVE_UP = frozenset({"dead:attempts_limit", "dead:exceptions_limit"})
 

@@ -28,6 +28,13 @@ header task of a chord as the body it names, and the chord's body as an ``ok`` b
 checks itself that it got every header task's result) once every header task completed,
 unless a fault of the Redis process could fail the chord's count in the result backend;
 never when a header task did not complete.
+
+The fifth version's: under a queue bound (``queues_bound``: a TTL or a max-length for a
+while) a message may end dead-lettered by RabbitMQ, in ``<queue>.dead`` with the ``x-death``
+reason ``expired`` or ``maxlen`` (outcome ``dead:broker:<reason>``), and is then judged
+dead-lettered rather than lost (still: no more starts than allowed, no body that returned
+unkilled); such a dead letter beside another outcome is a surplus copy's. A message with no
+outcome and no dead letter is ``lost`` as ever. RabbitMQ 4's limits change no rule.
 """
 
 from __future__ import annotations
@@ -50,10 +57,12 @@ __all__ = [
     "Trace",
     "Violation",
     "awaited",
+    "by_broker",
     "chain_modes",
     "chord_body_key",
     "chords_may_fail",
     "judge",
+    "known",
     "link_key",
     "member_key",
     "read_trace",
@@ -275,6 +284,11 @@ def _outcomes(key: str, ev: Evidence) -> set[str]:
     return out
 
 
+def by_broker(reasons: set[str] | list[str]) -> bool:
+    """Whether dead letters' ``reasons`` hold one RabbitMQ wrote under a queue bound."""
+    return any(f"dead:{r}" in allowed.BOUNDED for r in reasons)
+
+
 def _judge_beetle(scenario: Scenario, key: str, item: Item, ev: Evidence) -> list[Violation]:
     settings = scenario.settings
     entry: Entry = ev.ledger.entry(key)
@@ -293,6 +307,11 @@ def _judge_beetle(scenario: Scenario, key: str, item: Item, ev: Evidence) -> lis
     if not outcomes:
         breach("lost", f"no outcome; {starts} start(s), still unresolved={key in ev.unresolved}")
         return found
+    bounded = outcomes & allowed.BOUNDED if ev.faults["queues_bound"] else set()
+    if bounded and outcomes - bounded:
+        outcomes -= bounded  # a surplus copy expired or overflowed beside the outcome
+    elif bounded:
+        return _judge_bounded(scenario, key, item, ev, sorted(bounded))
     if starts > allowed.max_starts(settings, replays, inbox=item.kind == "inbox"):
         breach("starts", f"{starts} body starts with attempts={settings.attempts}")
     returned = _returned(entry, ev, settings.timeout_s)
@@ -336,6 +355,35 @@ def _judge_beetle(scenario: Scenario, key: str, item: Item, ev: Evidence) -> lis
             breach("inbox_twice", f"{ev.effects[key]} effect rows behind the inbox")
         if ev.effects[key] and any(o.startswith("dead:") for o in outcomes):
             breach("inbox_committed_dead", f"effect committed, but dead-lettered: {outcomes}")
+    return found
+
+
+def _dead_by_broker(ident: str, ev: Evidence) -> bool:
+    """Whether the audit's ``<queue>/<message id>`` is a message RabbitMQ dead-lettered under
+    a queue bound (the audit reads the trace only, where such a message has no end)."""
+    key = ident.rsplit("/", 1)[-1]
+    return bool(ev.faults["queues_bound"]) and by_broker(ev.dead_letters.get(key, set()))
+
+
+def _judge_bounded(
+    scenario: Scenario, key: str, item: Item, ev: Evidence, reasons: list[str]
+) -> list[Violation]:
+    """A message RabbitMQ dead-lettered under a queue bound, with no other outcome
+    (FIFTH_VERSION "queues_bound"): allowed, but it may not have started more often than
+    any message, nor had a body that returned in a process nobody killed (its completion
+    would have been stored)."""
+    settings, entry = scenario.settings, ev.ledger.entry(key)
+    found: list[Violation] = []
+    what = f"dead-lettered by the broker ({', '.join(reasons)}) ({item.kind}:{item.mode})"
+    replays = ev.trace.replays[key]
+    if len(entry.starts) > allowed.max_starts(settings, replays, inbox=item.kind == "inbox"):
+        found.append(Violation("starts", key, f"{len(entry.starts)} body starts; {what}"))
+    returned = _returned(entry, ev, settings.timeout_s)
+    if returned and not replays:
+        detail = f"a body returned at {returned[0][0]:.2f}, unkilled, never completed; {what}"
+        found.append(Violation("success_dead", key, detail))
+    if item.kind == "inbox" and ev.effects[key]:
+        found.append(Violation("inbox_committed_dead", key, f"effect committed; {what}"))
     return found
 
 
@@ -442,6 +490,8 @@ def _judge_plain(scenario: Scenario, key: str, ev: Evidence) -> list[Violation]:
     broker_faults = sum(ev.faults[k] for k in BROKER_FAULTS)
     if not entry.starts and allowed.one_copy_may_be_lost(ev.faults["broker_destroy"]):
         return []
+    if ev.faults["queues_bound"] and by_broker(ev.dead_letters.get(key, set())):
+        return []  # expired or overflowed before a worker took it: dead-lettered, not lost
     link_faults = sum(ev.faults[k] for k in BROKER_LINK_FAULTS)
     if not entry.starts and not allowed.plain_may_be_lost(kills, broker_faults):
         return [Violation("lost", key, "plain task never ran, and no fault could lose it")]
@@ -471,6 +521,8 @@ def judge(scenario: Scenario, ev: Evidence) -> list[Violation]:
     counts = ev.audit.counts
     for verdict in ("lost", "duplicated", "unexpected"):
         for ident in ev.audit.ids.get(verdict, []):
+            if verdict == "lost" and _dead_by_broker(ident, ev):
+                continue  # the trace never sees RabbitMQ's dead letters: judged below
             found.append(Violation("audit", ident, f"the audit says {verdict}"))
     if counts.get("malformed_lines"):
         found.append(Violation("audit", "-", f"{counts['malformed_lines']} malformed lines"))
@@ -522,6 +574,25 @@ def _tolerate_start_window(found: list[Violation], ev: Evidence) -> list[Violati
     if len(window) <= sum(ev.faults[k] for k in WORKER_KILLS):
         return others
     return others + [Violation("dead_never_started", v.key, v.detail) for v in window]
+
+
+def known(key: str, ev: Evidence) -> list[str]:
+    """What the checker knows of one message, a line per witness (the first lines of a
+    failing message's story in the soak's report)."""
+    item = ev.keys.get(key)
+    entry = ev.ledger.entry(key)
+    trace = ev.trace
+    what = f"{item.kind}:{item.mode} (item {item.index})" if item else "a message of an item"
+    return [
+        f"{key}: {what}, publish confirmed={key in ev.confirmed}",
+        f"  trace: {trace.started[key]} started, {trace.completed[key]} completed, "
+        f"told completed by the store={key in trace.seen_completed}, "
+        f"dead-lettered {list(trace.dead.get(key, []))}, {trace.replays[key]} replay(s)",
+        f"  ledger: {len(entry.starts)} start(s), {len(entry.ends)} end(s), "
+        f"{entry.fails} fail(s), {len(entry.committed)} commit(s), {len(entry.retried)} retry",
+        f"  brokers' dead letters: {sorted(ev.dead_letters.get(key, set()))}; "
+        f"without an outcome at the drain's end: {key in ev.unresolved}",
+    ]
 
 
 def finding(violation: Violation, scenario: Scenario) -> str:

@@ -6,6 +6,10 @@ runs new seeds until stopped (Ctrl-C) or ``--minutes``. Progress is printed as i
 at the end a table: scenarios run, faults injected per kind, messages judged, and every
 failing seed with the command that replays it. A failing seed is shrunk (``--shrink N``
 runs at most) and the smallest scenario written under ``tests/explorer/`` as a test.
+``--soak`` and ``--seeds N`` also write a page beside the table (``report.html`` under the
+runs' directory, or ``--report PATH``; rewritten after every scenario): charts of the
+scenarios over time, the faults per kind and the messages judged, and every failure with
+its replay command and its first violating message's story (:mod:`.report`).
 Exit status 1 when any scenario failed.
 """
 
@@ -21,6 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from celery_beetle.testing.explorer import checker
 from celery_beetle.testing.explorer.runner import Cluster, Outcome, run_scenario
@@ -44,6 +49,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tests-dir", default="tests/explorer", help="where regression tests go")
     p.add_argument("--keep", action="store_true", help="keep every run's files")
     p.add_argument("--dir", default=None, help="where runs' files go (default: a temp dir)")
+    p.add_argument("--report", default=None, help="the soak's page (default: DIR/report.html)")
     return p.parse_args(argv)
 
 
@@ -71,7 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     shrunk: dict[int, str] = {}
     shrunk_labels: set[str] = set()  # shrink the first failure of each kind only
     started = time.monotonic()
+    report = _Report(Path(args.report) if args.report else base / "report.html")
+    reporting = bool(args.soak or args.seeds)
     print(f"explorer: files under {base}", flush=True)
+    if reporting:
+        print(f"explorer: report at {report.path}", flush=True)
     cluster = Cluster(base / "servers").start()
     try:
         for seed in _seeds(args):
@@ -96,12 +106,49 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"   shrunk: {small.describe()} -> {shrunk[seed]}", flush=True)
             elif not args.keep:
                 shutil.rmtree(outcome.base, ignore_errors=True)
+            if reporting:
+                report.add(outcome, shrunk.get(seed, ""))
     except KeyboardInterrupt:
         print("stopped (Ctrl-C)", flush=True)
     finally:
         cluster.close()
     _summary(outcomes, failing, shrunk, time.monotonic() - started)
+    if reporting and report.rows:
+        print(f"report: file://{report.path.resolve()}", flush=True)
     return 1 if failing else 0
+
+
+class _Report:
+    """The soak's page, rewritten after every scenario."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.started_at = time.time()
+        self.rows: list[Any] = []
+
+    def add(self, outcome: Outcome, regression_test: str) -> None:
+        from celery_beetle.testing.explorer.report import Row, write_report
+
+        s = checker.summary(outcome.violations, outcome.scenario)
+        self.rows.append(
+            Row(
+                seed=outcome.scenario.seed,
+                ended_at=time.time(),
+                elapsed_s=outcome.elapsed_s,
+                messages=outcome.messages,
+                faults=dict(outcome.faults),
+                violations=tuple(str(v) for v in outcome.violations),
+                findings=tuple(s["findings"]),
+                story=tuple(outcome.story),
+                replay=replay_command(outcome.scenario.seed) if outcome.failed else "",
+                regression_test=regression_test,
+                describe=outcome.scenario.describe(),
+            )
+        )
+        try:
+            write_report(self.path, self.rows, self.started_at)
+        except Exception as exc:  # the page is a view: a soak goes on without it
+            print(f"   report not written: {type(exc).__name__}: {exc}", flush=True)
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -16,7 +16,9 @@ run: its copies and dead letters are gone for good; drawn only with three broker
 being within N-2), ``queues_apply`` (``beetle queues apply`` of policies that bound nothing
 the run reaches, a day's TTL and a million messages, to the run's queues on every broker)
 and ``latency`` (``delay_ms`` added each way on one broker's link, or Redis's, through the
-proxy, for ``duration_s``). A fault that finds nothing to act on (a broker fault aimed at a
+proxy, for ``duration_s``). The fifth version's ``queues_bound``: ``beetle queues apply``
+of a small TTL or max-length on the run's queues for ``duration_s``, then the generous ones.
+A fault that finds nothing to act on (a broker fault aimed at a
 destroyed node) is logged as skipped and not counted.
 """
 
@@ -41,6 +43,9 @@ if TYPE_CHECKING:
     from celery_beetle.testing.explorer.run import Run
 
 __all__ = ["Nemesis"]
+
+#: bounds no run reaches: a day's TTL, a million messages per queue
+GENEROUS = {"message_ttl_ms": 86_400_000, "max_length": 1_000_000}
 
 
 class Nemesis(threading.Thread):
@@ -69,6 +74,8 @@ class Nemesis(threading.Thread):
                 handler = getattr(self, f"_{fault.kind}")
                 if fault.kind == "latency":
                     applied = handler(fault.target, fault.duration_s, fault.delay_ms)
+                elif fault.kind == "queues_bound":
+                    applied = handler(fault.target, fault.duration_s, fault.bound)
                 else:
                     applied = handler(fault.target, fault.duration_s)
                 when = f"{time.monotonic() - self.run_.started:6.1f}s"
@@ -249,15 +256,41 @@ class Nemesis(threading.Thread):
     def _queues_apply(self, target: int, duration_s: float) -> None:
         """``beetle queues apply`` of policies that bound nothing the run reaches: a day's
         TTL and a million messages per queue (operations.md "Queue policies")."""
+        self._beetle("queues_apply", *self._apply_args(GENEROUS))
+
+    def _queues_bound(self, target: int, duration_s: float, bound: int) -> None:
+        """``beetle queues apply`` of a TTL of ``bound`` ms (``target`` 0) or a max-length
+        of ``bound`` messages (``target`` 1) on the run's queues, for ``duration_s``, then
+        the generous bounds of :meth:`_queues_apply` (a policy cannot be taken away by the
+        command). What expires or overflows meanwhile is dead-lettered by RabbitMQ into
+        ``<queue>.dead`` (the policy's dead-letter route) with ``x-death`` reason
+        ``expired`` or ``maxlen``."""
+        bounds = {"message_ttl_ms": bound} if target % 2 == 0 else {"max_length": bound}
+        self._apply_now(bounds)
+        self.stopping.wait(duration_s)
+        self._apply_now(GENEROUS)
+
+    def _apply_args(self, bounds: dict[str, int]) -> list[str]:
         run = self.run_
-        bounds = {"message_ttl_ms": 86_400_000, "max_length": 1_000_000}
-        config = run.base / "policies.json"
+        config = run.base / f"policies-{len(self.helpers)}.json"
         config.write_text(json.dumps({"queues": {queue: bounds for queue in run.queues}}))
         args = ["queues", "apply", "--broker", run.url, "--config", str(config)]
         for node, proxy in zip(run.nodes, run.proxies, strict=True):
             api = f"http://{node.host}:{node.management_port}"
             args += ["--management-url", f"{proxy.host_port}={api}"]
-        self._beetle("queues_apply", *args)
+        return args
+
+    def _apply_now(self, bounds: dict[str, int]) -> None:
+        """``beetle queues apply`` of ``bounds``, waited for (bounded: 60 s)."""
+        self._beetle("queues_bound", *self._apply_args(bounds))
+        proc = self.helpers[-1]
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.returncode:
+            self.errors.append(f"queues apply {bounds}: exit {proc.returncode}")
 
     def _relay_kill(self, target: int, duration_s: float) -> bool:
         relay = self.run_.relay

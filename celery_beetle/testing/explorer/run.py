@@ -21,7 +21,13 @@ from typing import Any
 
 from celery_beetle.testing.explorer import checker
 from celery_beetle.testing.explorer.relay import RelayProcess
-from celery_beetle.testing.explorer.scenario import SECOND_QUEUE, Item, Scenario
+from celery_beetle.testing.explorer.scenario import (
+    CONSUMER_TIMEOUT_MS,
+    DELIVERY_LIMIT,
+    SECOND_QUEUE,
+    Item,
+    Scenario,
+)
 from celery_beetle.testing.proxy import TcpProxy
 from celery_beetle.testing.rabbit import RabbitNode, beetle_url, start_all
 from celery_beetle.testing.redis_server import RedisServer
@@ -53,6 +59,8 @@ class Cluster:
         #: the nemesis can cut, stall or hold a link without touching the server
         self.proxies: list[TcpProxy] = []
         self.redis_proxy: TcpProxy | None = None
+        #: whether a scenario lowered the nodes' ``consumer_timeout`` (put back by :meth:`fresh`)
+        self.lowered = False
 
     def start(self) -> Cluster:
         start_all(self.nodes)
@@ -104,6 +112,10 @@ class Cluster:
             for node in self.nodes:
                 with contextlib.suppress(Exception):
                     node.delete_vhost(vhost)
+        if self.lowered:  # by a scenario that did not end cleanly
+            for node in self.nodes:
+                set_consumer_timeout(node, CONSUMER_TIMEOUT_MS)
+            self.lowered = False
         vhost = f"explore-{uuid.uuid4().hex[:10]}"
         for node in self.nodes:
             node.create_vhost(vhost)
@@ -207,6 +219,10 @@ class Run:
             # process faults reach it), straight, not through the dedup store's proxy
             redis = cluster.redis
             self.app_conf["result_backend"] = f"redis://{redis.host}:{redis.port}/1"
+        if scenario.settings.rabbit4:
+            self.app_conf["task_default_queue_type"] = "quorum"
+            for node in self.nodes:
+                self.limit(node)
         #: indexes (into ``nodes``) of brokers destroyed for good in this run
         self.destroyed: set[int] = set()
         #: an outbox row's id is its task id, a UUID (the outbox's own time-ordered kind,
@@ -237,14 +253,65 @@ class Run:
 
     def heal(self) -> None:
         self.cluster.heal(frozenset(self.destroyed))
+        if self.scenario.settings.consumer_timeout_ms:
+            for n, node in enumerate(self.nodes):  # a node restarted has the default again
+                if n not in self.destroyed:
+                    set_consumer_timeout(node, self.scenario.settings.consumer_timeout_ms)
+
+    def limit(self, node: RabbitNode) -> None:
+        """RabbitMQ 4's limits on ``node`` (settings ``rabbit4``): a ``delivery-limit`` of
+        20 on the run's vhost by operator policy, and the scenario's ``consumer_timeout``."""
+        definition = json.dumps({"delivery-limit": DELIVERY_LIMIT})
+        node.ctl(
+            "set_operator_policy", "-p", self.vhost, "rabbitmq-4-limit", ".*", definition,
+            "--apply-to", "queues",
+        )  # fmt: skip
+        if self.scenario.settings.consumer_timeout_ms:
+            self.cluster.lowered = True
+            set_consumer_timeout(node, self.scenario.settings.consumer_timeout_ms)
+
+    def unlimit(self) -> None:
+        """The default ``consumer_timeout`` back on every node the run lowered it on (the
+        operator policy goes with the vhost)."""
+        if not self.scenario.settings.consumer_timeout_ms:
+            return
+        failed = False  # a node restarted meanwhile has the default again
+        for n, node in enumerate(self.nodes):
+            if n not in self.destroyed and node.is_running:
+                try:
+                    set_consumer_timeout(node, CONSUMER_TIMEOUT_MS)
+                except Exception:
+                    failed = True  # :meth:`Cluster.fresh` tries again
+        self.cluster.lowered = failed
 
     def key(self, item: Item) -> str:
         if item.kind == "outbox":
             return self.outbox_ids[item.index]
         return f"s{self.scenario.seed}-{item.index}-{self.nonce}"
 
-    def resolved(self, trace: checker.Trace, keys: set[str]) -> set[str]:
-        return {k for k in keys if trace.is_completed(k) or trace.dead.get(k)}
+    def resolved(
+        self, trace: checker.Trace, keys: set[str], dead: dict[str, set[str]] | None = None
+    ) -> set[str]:
+        """The ``keys`` with an outcome: in the trace, or among the ``dead`` letters
+        RabbitMQ wrote (a TTL or a max-length)."""
+        by_broker = {k for k, reasons in (dead or {}).items() if checker.by_broker(reasons)}
+        return {k for k in keys if trace.is_completed(k) or trace.dead.get(k) or k in by_broker}
+
+
+#: how often a RabbitMQ 3.x channel checks its consumer timeout (``channel_tick_interval``)
+TICK_MS = 60_000
+
+
+def set_consumer_timeout(node: RabbitNode, timeout_ms: int) -> None:
+    """RabbitMQ's ``consumer_timeout`` on a running node. A 3.x channel checks it on its
+    tick, once a minute by default, longer than a scenario holds a delivery: below the
+    default the tick is made one second (each channel reads it as it sets its next tick)."""
+    tick = TICK_MS if timeout_ms >= CONSUMER_TIMEOUT_MS else 1000
+    node.ctl(
+        "eval",
+        f"application:set_env(rabbit, consumer_timeout, {int(timeout_ms)}), "
+        f"application:set_env(rabbit, channel_tick_interval, {tick}).",
+    )
 
 
 def _new_database(pg: Any) -> str:

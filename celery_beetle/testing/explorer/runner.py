@@ -22,6 +22,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from celery_beetle.audit import naive
 from celery_beetle.testing.explorer import checker
@@ -43,6 +44,8 @@ class Outcome:
     elapsed_s: float
     base: Path
     notes: list[str] = field(default_factory=list)
+    #: the first violating message's story: what the checker knows, then its timeline
+    story: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
@@ -78,16 +81,59 @@ def _inspect(run: Run) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
             where = f"{node.host_port}/{queue}"
             for _method, props, _body in node.get_messages(run.vhost, queue):
                 headers = props.headers or {}
-                key = str(headers.get("id") or props.correlation_id or "?")
-                if ":retry-" in str(props.message_id):  # a self.retry: its own message
-                    key = str(props.message_id)
+                key = _key_of(props)
                 if queue.endswith(".dead"):
-                    dead.setdefault(key, set()).add(str(headers.get("x-beetle-dead-reason")))
+                    dead.setdefault(key, set()).add(dead_reason(headers))
                 else:
                     left.setdefault(where, []).append(key)
             if unacked and not queue.endswith(".dead"):
                 left.setdefault(where, []).append(f"{unacked} unacked")
     return dead, left
+
+
+def dead_reason(headers: dict[str, Any]) -> str:
+    """A dead letter's reason: the worker's ``x-beetle-dead-reason``, or ``broker:<reason>``
+    from RabbitMQ's latest ``x-death`` (``expired``, ``maxlen``, ``delivery_limit``...)."""
+    reason = headers.get("x-beetle-dead-reason")
+    if reason is not None:
+        return str(reason)
+    deaths = headers.get("x-death") or []
+    if not deaths or not isinstance(deaths[0], dict):
+        return "None"
+    broker = deaths[0].get("reason")
+    return f"broker:{broker.decode() if isinstance(broker, bytes) else broker}"
+
+
+def peek_dead_letters(run: Run) -> dict[str, set[str]]:
+    """The dead letters per key on the run's brokers, left where they are (for the drain:
+    a message RabbitMQ dead-lettered has an outcome the trace never shows)."""
+    dead: dict[str, set[str]] = {}
+    for n, node in enumerate(run.nodes):
+        if n in run.destroyed or not node.is_running or node.is_paused:
+            continue
+        try:
+            depths = node.queue_depths(run.vhost)
+            for queue, (ready, _unacked) in depths.items():
+                if not queue.endswith(".dead") or not ready:
+                    continue
+                for _method, props, _body in node.get_messages(run.vhost, queue, ack=False):
+                    key = _key_of(props)
+                    dead.setdefault(key, set()).add(dead_reason(props.headers or {}))
+        except Exception:  # a node mid-restart: the next look sees it
+            continue
+    return dead
+
+
+def _key_of(props: Any) -> str:
+    headers = props.headers or {}
+    if ":retry-" in str(props.message_id):  # a self.retry: its own message
+        return str(props.message_id)
+    return str(headers.get("id") or props.correlation_id or "?")
+
+
+def _by_reason(dead: dict[str, set[str]]) -> dict[str, int]:
+    """How many messages have a dead letter of each reason (the broker's as ``broker:…``)."""
+    return dict(Counter(reason for reasons in dead.values() for reason in reasons))
 
 
 def drain_deadline_s(scenario: Scenario) -> float:
@@ -125,6 +171,23 @@ def body_seconds(scenario: Scenario) -> float:
     return total
 
 
+def _story(
+    violations: list[checker.Violation], evidence: checker.Evidence, base: Path
+) -> list[str]:
+    """The first violating message's story (nothing when the run passed)."""
+    if not violations:
+        return []
+    from celery_beetle.testing.explorer.timeline import timeline
+
+    # a message's, rather than a queue's (``leftover``) or the whole trace's (``-``)
+    messages = [v for v in violations if v.rule != "leftover" and v.key != "-"]
+    if not messages:
+        return [str(violations[0])]
+    first = messages[0]
+    key = first.key.rsplit("/", 1)[-1]  # the audit names ``<queue>/<message id>``
+    return [str(first), *checker.known(key, evidence), *timeline(base, key, 40)]
+
+
 def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
     """Run ``scenario`` on ``cluster``'s servers; every process it started is gone after."""
     t0 = time.monotonic()
@@ -153,11 +216,17 @@ def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
         trace = checker.read_trace(run.trace)
         fragile = checker.chords_may_fail(nemesis.counts)
         wanted = checker.awaited(beetle, keys, trace, chords_may_fail=fragile)
-        while run.resolved(trace, wanted) != wanted and time.monotonic() < deadline:
+        # what RabbitMQ dead-lettered (a queue bound) has no outcome in the trace
+        bounded = bool(nemesis.counts["queues_bound"])
+        by_broker = peek_dead_letters(run) if bounded else {}
+        looked = time.monotonic()
+        while run.resolved(trace, wanted, by_broker) != wanted and time.monotonic() < deadline:
             time.sleep(1)
             trace = checker.read_trace(run.trace)
             wanted = checker.awaited(beetle, keys, trace, chords_may_fail=fragile)
-        unresolved = wanted - run.resolved(trace, wanted)
+            if bounded and time.monotonic() - looked > 5:
+                by_broker, looked = peek_dead_letters(run), time.monotonic()
+        unresolved = wanted - run.resolved(trace, wanted, by_broker)
         time.sleep(scenario.settings.timeout_s + 3)  # a late second outcome shows up
         if run.relay is not None:
             run.relay.stop()
@@ -184,6 +253,7 @@ def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
             unresolved=unresolved,
         )
         violations = checker.judge(scenario, evidence)
+        story = _story(violations, evidence, base)
         notes += publisher.errors[:5] + nemesis.errors
         (base / "verdict.json").write_text(
             json.dumps(
@@ -193,6 +263,8 @@ def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
                     "nemesis": nemesis.describe(),
                     "publish_errors": publisher.errors,
                     "audit": evidence.audit.counts,
+                    "dead_letters_by_reason": _by_reason(dead),
+                    "story": story,
                 },
                 indent=1,
             )
@@ -205,8 +277,10 @@ def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
             round(time.monotonic() - t0, 1),
             base,
             notes,
+            story,
         )
     finally:
+        run.unlimit()
         nemesis.stopping.set()
         for proc in nemesis.helpers:
             if proc.poll() is None:

@@ -9,7 +9,7 @@ deliveries, a migration while countdown tasks are held, a kill right after an in
 because that is where the bugs found so far were.
 
 The draw grew in versions, each from a random stream of its own (``Random(seed)``, then
-``Random(f"{seed}/2")``, ``Random(f"{seed}/3")``, ``Random(f"{seed}/4")``), so that a later
+``Random(f"{seed}/2")``, ... ``Random(f"{seed}/5")``), so that a later
 version only *adds* items and faults: a seed keeps the settings, messages and faults an
 earlier version gave it (``tests/unit/test_explorer.py`` pins seeds 1000, 1004, 3022 and
 5000). The third version adds ``self.retry`` bodies, groups, outbox enqueues (committed and
@@ -17,7 +17,12 @@ rolled back, some with an ordering key) behind a ``beetle relay``, a dedup scope
 two queues, and the faults of :data:`THIRD_FAULTS`. The fourth adds chains of three or four
 links (one may fail: the links after it never run), ``self.retry`` without a countdown (the
 task's ``default_retry_delay``), bodies that retry once more than their ``max_retries`` and,
-in a quarter of the scenarios, chords (their workers then have a result backend).
+in a quarter of the scenarios, chords (their workers then have a result backend). The
+fifth adds RabbitMQ 4's limits (:attr:`Settings.rabbit4`: quorum queues, an operator policy
+``delivery-limit`` of 20 on every node, sometimes a lowered ``consumer_timeout``) and
+``queues_bound``: ``beetle queues apply`` of a TTL or a max-length small enough to expire
+or drop the run's messages for a while (each must end in ``<queue>.dead`` with RabbitMQ's
+reason, never silently gone).
 
 A scenario is a plain dataclass: printable (:meth:`Scenario.describe`), serialisable
 (:meth:`Scenario.to_json`), and reducible (:mod:`.shrink` drops items, faults and workers
@@ -34,7 +39,10 @@ from typing import Any
 __all__ = [
     "BAD_INPUTS",
     "BODY_MODES",
+    "CONSUMER_TIMEOUT_MS",
+    "DELIVERY_LIMIT",
     "FAULT_KINDS",
+    "FIFTH_FAULTS",
     "NETWORK_FAULTS",
     "RETRY_DELAY_S",
     "SECOND_QUEUE",
@@ -74,6 +82,12 @@ NETWORK_FAULTS: dict[str, int] = {
 
 #: faults of the draw's third version (its own stream; each only where it applies)
 THIRD_FAULTS = ("relay_kill", "broker_destroy", "queues_apply", "latency")
+#: faults of the draw's fifth version (its own stream)
+FIFTH_FAULTS = ("queues_bound",)
+#: RabbitMQ's ``consumer_timeout`` by default (30 min), put back after a scenario lowered it
+CONSUMER_TIMEOUT_MS = 1_800_000
+#: the quorum queues' ``delivery-limit`` RabbitMQ 4 sets by default
+DELIVERY_LIMIT = 20
 #: the queue that shares the main queue's dedup scope (``Settings.shared_scope``)
 SECOND_QUEUE = "explore2"
 #: ``ex.retry``'s ``default_retry_delay``: the wait of a ``self.retry()`` without a countdown
@@ -98,6 +112,12 @@ class Settings:
     outbox: bool = False
     #: (third version) workers also consume SECOND_QUEUE, mapped to the main queue's scope
     shared_scope: bool = False
+    #: (fifth version) RabbitMQ 4's limits: quorum queues, an operator policy
+    #: ``delivery-limit`` of DELIVERY_LIMIT on every node
+    rabbit4: bool = False
+    #: (fifth version) the nodes' ``consumer_timeout`` for the scenario (0: the default,
+    #: CONSUMER_TIMEOUT_MS); RabbitMQ 3.10 checks it once a minute
+    consumer_timeout_ms: int = 0
 
     def task_options(self) -> dict[str, Any]:
         options: dict[str, Any] = {
@@ -148,13 +168,16 @@ class Item:
 class Fault:
     """One fault at ``at_s``: ``target`` is a worker or broker index (taken modulo what
     exists at that moment), ``duration_s`` how long before it heals (a restart, a resume);
-    ``delay_ms`` the one-way delay a ``latency`` fault adds."""
+    ``delay_ms`` the one-way delay a ``latency`` fault adds. A ``queues_bound`` (fifth
+    version) sets, for ``duration_s``, a TTL of ``bound`` ms (``target`` 0) or a max-length
+    of ``bound`` messages (``target`` 1) on the run's queues."""
 
     at_s: float
     kind: str
     target: int = 0
     duration_s: float = 1.0
     delay_ms: int = 0
+    bound: int = 0
 
 
 @dataclass(frozen=True)
@@ -185,7 +208,8 @@ class Scenario:
             f"seed {self.seed}: attempts={s.attempts} exceptions={s.exceptions} "
             f"acks_late={s.acks_late} timeout={s.timeout_s}s prefetch={s.prefetch_multiplier} "
             f"pool={s.pool}x{s.concurrency} brokers={s.brokers} workers={s.workers} "
-            f"inbox={s.inbox} outbox={s.outbox} shared_scope={s.shared_scope}; "
+            f"inbox={s.inbox} outbox={s.outbox} shared_scope={s.shared_scope}"
+            f"{_rabbit4(s)}; "
             f"{len(self.items)} messages {kinds} ({countdowns} countdown); "
             f"faults: {faults}"
         )
@@ -207,6 +231,13 @@ class Scenario:
 
     def but(self, **changes: Any) -> Scenario:
         return replace(self, **changes)
+
+
+def _rabbit4(s: Settings) -> str:
+    if not s.rabbit4:
+        return ""
+    timeout = f" consumer_timeout={s.consumer_timeout_ms}ms" if s.consumer_timeout_ms else ""
+    return f" rabbit4(quorum, delivery-limit={DELIVERY_LIMIT}{timeout})"
 
 
 def _settings(rng: random.Random) -> Settings:
@@ -332,6 +363,9 @@ def draw(seed: int) -> Scenario:
     items += _third_items(third, settings, len(items), publish_s)
     faults = _third_faults(third, settings, faults, publish_s)
     items += _fourth_items(random.Random(f"{seed}/4"), len(items), publish_s)
+    fifth = random.Random(f"{seed}/5")
+    settings = _fifth_settings(fifth, settings, faults)
+    faults = _fifth_faults(fifth, faults, publish_s)
     items = tuple(sorted(items, key=lambda i: i.at_s))
     return Scenario(seed, settings, items, faults)
 
@@ -426,3 +460,27 @@ def _fourth_items(rng: random.Random, first: int, publish_s: float) -> tuple[Ite
             size = rng.randint(2, 4)
             add("chord", members=tuple(rng.choices(["ok", "fatal"], weights=[85, 15], k=size)))
     return tuple(items)
+
+
+def _fifth_settings(rng: random.Random, settings: Settings, faults: tuple[Fault, ...]) -> Settings:
+    """RabbitMQ 4's limits in a fifth of the scenarios (not with a migration, which moves a
+    classic queue to a quorum one); in half of those a consumer timeout of 5 or 10 s, so
+    that a countdown or a long body held unacked past it has its channel closed."""
+    if rng.random() >= 0.2 or any(f.kind == "migrate" for f in faults):
+        return settings
+    timeout = rng.choice([5000, 10000]) if rng.random() < 0.5 else 0
+    return replace(settings, rabbit4=True, consumer_timeout_ms=timeout)
+
+
+def _fifth_faults(
+    rng: random.Random, faults: tuple[Fault, ...], publish_s: float
+) -> tuple[Fault, ...]:
+    """Now and then ``queues_bound``: for a few seconds, a TTL of 0.2-2 s or a max-length of
+    2-10 messages on the run's queues (the third version's generous bounds after)."""
+    if rng.random() >= 0.15:
+        return faults
+    target = rng.randint(0, 1)
+    bound = rng.choice([200, 1000, 2000]) if target == 0 else rng.choice([2, 5, 10])
+    at = round(rng.uniform(0.5, publish_s), 1)
+    fault = Fault(at, "queues_bound", target, round(rng.uniform(2, 8), 1), bound=bound)
+    return tuple(sorted((*faults, fault), key=lambda f: f.at_s))

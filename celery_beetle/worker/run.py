@@ -32,7 +32,8 @@ No error of the store's may end with the delivery acked while its outcome is not
   lost is recognised as this run's own), then the delivery is handed back
   (:class:`~.errors.HandBack`): the gate requeues it after a backoff, pauses if the store is
   unavailable, and releases the claim by its owner once Redis answers;
-- a completion or failure is retried until stored (:func:`~celery_beetle.store.health.call_until_stored`);
+- a completion or failure is retried until stored
+  (:func:`~celery_beetle.store.health.call_until_stored`);
 - a dead letter that cannot be published hands the delivery back; the record keeps it owed,
   so another copy publishes it after the owner's lease.
 

@@ -163,6 +163,8 @@ class BeetleChannel(base.StdChannel):
                 errors.append(exc)
                 self._subs.pop(link, None)
                 self._reopen_after_error(link)
+                # the close may have been another channel's, read while this call waited
+                self.connection.reopen_closed(link)
             except CAUGHT_ERRORS as exc:
                 fail_or_raise(link, exc)
         if errors and (all_must_succeed or not results):
@@ -324,9 +326,12 @@ class BeetleChannel(base.StdChannel):
         self._window.set(prefetch_size, prefetch_count)
         # a broker whose channel fails here gets a new one, set up with this window: the
         # error is not Celery's to handle (a channel error in basic.qos stops its worker)
-        self._on_each_broker(
-            lambda sub: self._window.apply(sub, self._consumers), all_must_succeed=False
-        )
+        try:
+            self._on_each_broker(
+                lambda sub: self._window.apply(sub, self._consumers), all_must_succeed=False
+            )
+        except CHANNEL_ERRORS as exc:  # every broker closed its channel: each is reopened
+            logger.warning("beetle: basic.qos met closed channels (%r); reopened", exc)
 
     def basic_consume(
         self,

@@ -58,6 +58,9 @@ class ChannelHost(Protocol):
     def remove_channel(self, channel: Any) -> None:
         """Forget a channel that closed."""
 
+    def reopen_closed(self, link: BrokerLink) -> None:
+        """Give every channel whose channel on ``link`` the broker closed a new one."""
+
 
 def tag_deliveries(callback: Any, tag: str, host: ChannelHost | None = None) -> Any:
     """Mark exceptions from a consumer callback, so they are not taken for a broker failure.

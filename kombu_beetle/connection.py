@@ -338,6 +338,10 @@ class BeetleConnection:
             link.name,
             exc,
         )
+        self.reopen_closed(link)
+
+    def reopen_closed(self, link: BrokerLink) -> None:
+        """Give every channel whose channel on ``link`` the broker closed a new one."""
         for channel in list(self.channels):
             channel.reopen_closed(link)
 

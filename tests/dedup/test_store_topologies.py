@@ -23,6 +23,7 @@ from celery_beetle.store.outcome import Fence, Gate, Limits
 from celery_beetle.store.state import MessageFacts
 from tests.harness.ports import free_port
 from tests.harness.redis_server import redis_server_binary
+from tests.harness.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -159,7 +160,7 @@ def test_the_probe_takes_a_store_for_answering_only_once_a_write_gets_its_replic
     does the probe's, and the gate does not resume only to pause again."""
     probe = RedisProbe(redis_sentinel.url, wait_replicas=1)
     plain = RedisProbe(redis_sentinel.url)
-    assert probe() and plain()
+    assert wait_until(lambda: probe() and plain(), timeout=20), "the replica is in sync"
     redis_sentinel.nodes[1].pause()  # the replica stops acknowledging
     try:
         assert plain(), "the master still takes a write"

@@ -21,7 +21,17 @@ from tests.exactly_once.poison import celery_queue_empty, stored_dead_letters
 from tests.exactly_once.test_defaults import DEFAULTS
 from tests.harness.waiting import wait_until
 
-QUORUM = {"task_default_queue_type": "quorum"}
+#: the queue declared quorum as every supported Celery can (``task_default_queue_type`` is
+#: Celery 5.5's): a ``task_queues`` entry with its arguments
+QUORUM = {
+    "task_queues": {
+        "celery": {
+            "exchange": "celery",
+            "routing_key": "celery",
+            "queue_arguments": {"x-queue-type": "quorum"},
+        }
+    }
+}
 QUORUM_ENV = {"BEETLE_TEST_CONF": json.dumps(QUORUM)}
 RABBITMQ_4_LIMIT = 20
 

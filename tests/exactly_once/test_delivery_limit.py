@@ -60,44 +60,38 @@ def consumer_timeout(brokers) -> Iterator[int]:
         node.ctl("eval", "application:set_env(rabbit, consumer_timeout, 1800000).")
 
 
-def _spend_deliveries(brokers, queue: str, times: int) -> None:
-    """Requeue every message of ``queue`` ``times`` times on every node, as hand-backs
-    and restarts would: each requeue is one delivery of a quorum queue's count."""
+def _requeue_all(brokers, queue: str, times: int = 1) -> list[int]:
+    """Take and requeue every message of ``queue`` on every node ``times`` times, as
+    hand-backs and restarts would (each requeue is one delivery of a quorum queue's
+    count); returns the ``x-delivery-count`` each message carried in the last round."""
+    found: list[int] = []
     for node in brokers.nodes:
         with node.connect(brokers.vhost) as connection:
             channel = connection.channel()
             depth = channel.queue_declare(queue, passive=True).method.message_count
-            for _ in range(times):
+            for round_ in range(times):
                 tags = []
                 while len(tags) < depth:
-                    method, _, _ = channel.basic_get(queue)
+                    method, properties, _ = channel.basic_get(queue)
                     if method is None:
                         connection.sleep(0.02)
                         continue
                     tags.append(method.delivery_tag)
+                    if round_ == times - 1:
+                        found.append((properties.headers or {}).get("x-delivery-count", 0))
                 for tag in tags:
                     channel.basic_reject(tag, requeue=True)
+    return found
+
+
+def _spend_deliveries(brokers, queue: str, times: int) -> None:
+    _requeue_all(brokers, queue, times)
 
 
 def _counts_of(brokers, queue: str) -> list[int]:
     """The ``x-delivery-count`` of every message of ``queue`` on every node, put back (a
     requeue, so it counts one delivery more)."""
-    found = []
-    for node in brokers.nodes:
-        with node.connect(brokers.vhost) as connection:
-            channel = connection.channel()
-            depth = channel.queue_declare(queue, passive=True).method.message_count
-            tags = []
-            while len(tags) < depth:
-                method, properties, _ = channel.basic_get(queue)
-                if method is None:
-                    connection.sleep(0.02)
-                    continue
-                tags.append(method.delivery_tag)
-                found.append((properties.headers or {}).get("x-delivery-count", 0))
-            for tag in tags:
-                channel.basic_reject(tag, requeue=True)
-    return found
+    return _requeue_all(brokers, queue)
 
 
 def test_a_delivery_at_the_limit_is_renewed_so_a_restart_after_it_loses_nothing(

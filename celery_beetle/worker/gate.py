@@ -254,9 +254,9 @@ class DeliveryGate(Holding, ClaimKeeping, StoreOutage, BadInputHandling):
         self._owner_base = f"{secrets.token_hex(3)}@{self.worker or socket.gethostname()}"
         #: acks of completions stored in this batch, made once their events are written
         self._acks_after_trace: list[Callable[[], None]] = []
-        #: reservations of deliveries handed to the pool, renewed until their run ends:
-        #: identity -> (facts, token, reservation ms)
+        #: reservations renewed until their run ends: identity -> (facts, token, ms)
         self._reserved: dict[tuple[str, str], tuple[MessageFacts, int, int]] = {}
+        self._owed: dict[int, Any] = {}  # completions not stored yet (ClaimKeeping)
         self._renewing = False
         self._trace_before_ack = self.reads is not None and getattr(self.tracer, "enabled", False)
         if self.reads is not None and self._trace_before_ack:

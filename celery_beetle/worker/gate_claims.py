@@ -15,6 +15,10 @@ deliveries' calls:
   (:meth:`~ClaimKeeping.complete_before_ack`). With tracing on, the acks of a batch wait
   until its outcome events are written (:meth:`~ClaimKeeping.after_batch`), so a worker
   killed in between never leaves a trace that reads "lost".
+- **what is owed at a shutdown**: a completion not stored yet is *owed* until it is. A warm
+  shutdown stores what is owed itself, retrying for a bounded time
+  (:meth:`~ClaimKeeping.store_owed`), because the event loop that retries it stops with the
+  worker; a body that returned is then not found unfinished by the next worker.
 
 :class:`ClaimKeeping` is part of the gate (:class:`~celery_beetle.worker.gate.DeliveryGate`),
 apart only so each module reads on its own (as :mod:`.bad_input`); what it uses of the gate is
@@ -24,6 +28,7 @@ named at its top.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -60,6 +65,8 @@ class ClaimKeeping:
     clock: Callable[[], int]
     call_later: Callable[[float, Callable[[], None]], Any]
     completion_retry_s: float
+    store: Any
+    _owed: dict[int, tuple[Any, dict[str, Any], MessageFacts, GateClaim, Callable[[], None]]]
     _reserved: dict[tuple[str, str], tuple[MessageFacts, int, int]]
     _renewing: bool
     _trace_before_ack: bool
@@ -135,19 +142,21 @@ class ClaimKeeping:
         facts = facts_from_headers(header)
         if claim is None or not claim.token or facts is None or self.reads is None:
             return False
-        self._complete(message, header, facts, claim, ack, self.completion_retry_s)
+        key = id(message)
+        self._owed[key] = (message, header, facts, claim, ack)
+        self._send_completion(key, self.completion_retry_s)
         return True
 
-    def _complete(
-        self,
-        message: Any,
-        header: dict[str, Any],
-        facts: MessageFacts,
-        claim: GateClaim,
-        ack: Callable[[], None],
-        retry_s: float,
-    ) -> None:
+    def _send_completion(self, key: int, retry_s: float) -> None:
+        """Send an owed completion in the next batch; again after ``retry_s`` if it fails."""
+        owed = self._owed.get(key)
+        if owed is None:
+            return  # stored at a shutdown meanwhile
+        message, header, facts, claim, ack = owed
+
         def answered(fence: FenceDecision | None, exc: BaseException | None) -> None:
+            if key not in self._owed:
+                return  # stored at a shutdown meanwhile, and acked there
             if exc is not None or fence is None:
                 # never ack what is not stored: again after a while, whatever the error
                 unavailable = exc is not None and store_unavailable(exc)
@@ -158,38 +167,87 @@ class ClaimKeeping:
                 log("beetle: cannot store a completion yet (%r); trying again", exc)
                 self.stats["completion_retries"] += 1
                 again = min(retry_s * 2, 5.0)
-                self.call_later(
-                    retry_s, lambda: self._complete(message, header, facts, claim, ack, again)
-                )
+                self.call_later(retry_s, lambda: self._send_completion(key, again))
                 return
-            if fence.ok:
-                self.stats["completed"] += 1
-                metrics.task_completed(facts.scope, (message.headers or {}).get("task"))
-                runtime = header.get(RUNTIME_MARK)
-                detail = {"runtime_ms": runtime} if runtime is not None else None
-                pid = header.get(PID_MARK)
-                self._trace_run("completed", facts, message, claim.attempt, detail, pid)
-                if self._acking_after_trace():
-                    # the ``completed`` event is written before the ack, once for the batch:
-                    # a worker killed in between must not leave a trace that reads "lost"
-                    self._acks_after_trace.append(ack)
-                    return
-            elif fence.status is not Status.COMPLETED:
-                self.stats["lease_lost"] += 1
-                header[COMPLETED_MARK] = False  # its twin goes through the gate again
-                logger.warning(
-                    "beetle: late completion of %s (%s) refused: its lease ran out and another "
-                    "run took it over (stored status %s, token %s; this run held token %s)",
-                    facts.message_id[:100],
-                    facts.scope,
-                    fence.status.value if fence.status else None,
-                    fence.token,
-                    claim.token,
-                )
-            ack()
+            del self._owed[key]
+            self._completed_with(fence, message, header, facts, claim, ack)
 
         assert self.reads is not None
         self.reads.complete(facts, claim.token, answered)
+
+    def _completed_with(
+        self,
+        fence: FenceDecision,
+        message: Any,
+        header: dict[str, Any],
+        facts: MessageFacts,
+        claim: GateClaim,
+        ack: Callable[[], None],
+    ) -> None:
+        """The stored answer to a completion: trace it and ack, or refuse a late one."""
+        if fence.ok:
+            self.stats["completed"] += 1
+            metrics.task_completed(facts.scope, (message.headers or {}).get("task"))
+            runtime = header.get(RUNTIME_MARK)
+            detail = {"runtime_ms": runtime} if runtime is not None else None
+            pid = header.get(PID_MARK)
+            self._trace_run("completed", facts, message, claim.attempt, detail, pid)
+            if self._acking_after_trace():
+                # the ``completed`` event is written before the ack, once for the batch:
+                # a worker killed in between must not leave a trace that reads "lost"
+                self._acks_after_trace.append(ack)
+                return
+        elif fence.status is not Status.COMPLETED:
+            self.stats["lease_lost"] += 1
+            header[COMPLETED_MARK] = False  # its twin goes through the gate again
+            logger.warning(
+                "beetle: late completion of %s (%s) refused: its lease ran out and another "
+                "run took it over (stored status %s, token %s; this run held token %s)",
+                facts.message_id[:100],
+                facts.scope,
+                fence.status.value if fence.status else None,
+                fence.token,
+                claim.token,
+            )
+        ack()
+
+    def store_owed(self, wait_s: float) -> tuple[int, int]:
+        """Store the completions still owed, synchronously, retrying for up to ``wait_s``
+        seconds while the store is unavailable, and ack each stored one. For a warm
+        shutdown, when the event loop no longer retries them. Returns (stored, owed)."""
+        owed = len(self._owed)
+        if not owed:
+            return 0, 0
+        logger.info("beetle: stopping: storing %d completion(s) owed", owed)
+        deadline = time.monotonic() + wait_s
+        pause = self.completion_retry_s
+        while self._owed:
+            for key, (message, header, facts, claim, ack) in list(self._owed.items()):
+                try:
+                    fence = self.store.complete(facts, claim.token)
+                except Exception as exc:
+                    if not store_unavailable(exc):
+                        logger.error("beetle: cannot store a completion (%r)", exc)
+                    continue
+                del self._owed[key]
+                self._completed_with(fence, message, header, facts, claim, _quietly(ack))
+            if not self._owed or time.monotonic() + pause > deadline:
+                break
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
+        stored = owed - len(self._owed)
+        if self._owed:
+            logger.warning(
+                "beetle: stopping: stored %d of %d owed completion(s) within %.0f s; the rest "
+                "go back to their queues, and their bodies may run again",
+                stored,
+                owed,
+                wait_s,
+            )
+            self._owed.clear()
+        else:
+            logger.info("beetle: stopping: stored the %d completion(s) owed", owed)
+        return stored, owed
 
     def _acking_after_trace(self) -> bool:
         """In a batch of replies, with tracing on: acks of settled messages wait for
@@ -205,3 +263,16 @@ class ClaimKeeping:
                 make_ack()
             except Exception:  # the connection went: the copy comes back, a duplicate
                 logger.exception("beetle: cannot ack a completed message")
+
+
+def _quietly(ack: Callable[[], None]) -> Callable[[], None]:
+    """``ack`` for a shutdown: a connection already gone leaves the stored copy to be
+    dropped as a duplicate when it comes back."""
+
+    def acked() -> None:
+        try:
+            ack()
+        except Exception:
+            logger.debug("beetle: cannot ack a completed message at shutdown", exc_info=True)
+
+    return acked

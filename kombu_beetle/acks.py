@@ -30,6 +30,14 @@ Acks of a channel closed and reopened since (py-amqp reopens the same object, wi
 counted from 1 again) are dropped with its unsettled set: the broker gave those messages
 back. Acks from other threads (the threads pool's callbacks) are written at once, as before,
 under the connection's frame lock, which the batch's write takes too.
+
+The loop's thread may also be asked to wait for a broker outside the loop: Celery's worker
+begins its loop with ``drain_events(timeout=0.1)``, and the early acks of the deliveries it
+received while it started consuming (bodies the threads pool began at once) wait as
+callbacks of that same pass. A broker whose prefetch window those acks fill sends nothing
+that would end the wait, so the acks would wait the whole 0.1 s, and a worker killed then
+would run those bodies again. So on the loop's thread ``drain_events`` writes the batch and
+does not wait (:meth:`~kombu_beetle.connection.BeetleConnection.drain_events`).
 """
 
 from __future__ import annotations
@@ -178,6 +186,10 @@ class AckBatcher:
             self._scheduled = True
             self._call_later(self.delay_s, self._on_timer)
         return True
+
+    def on_its_thread(self) -> bool:
+        """True when called on the event loop's thread, whose acks this batch takes."""
+        return threading.get_ident() == self._thread
 
     def _on_timer(self) -> None:
         self._scheduled = False

@@ -210,7 +210,19 @@ class BeetleConnection:
     # -- reading -------------------------------------------------------------------
 
     def drain_events(self, timeout: float | None = None) -> None:
-        """Process one event from any broker; raise ``socket.timeout`` after ``timeout``."""
+        """Process one event from any broker; raise ``socket.timeout`` after ``timeout``.
+
+        On the event loop's own thread a timeout does not wait: what has arrived is handled,
+        and the loop itself waits for the sockets. A wait there would hold the loop's timers
+        and callbacks, the early acks of bodies just begun among them, while a broker whose
+        prefetch window those acks fill sends nothing that would end it (Celery's worker
+        drains so, for up to 0.1 s, as its loop begins; :mod:`kombu_beetle.acks`). Acks
+        batched on that thread are written first."""
+        batcher = self.ack_batcher
+        if batcher is not None and batcher.on_its_thread():
+            batcher.flush()
+            if timeout is not None:
+                timeout = 0.0
         deadline = None if timeout is None else self._clock() + timeout
         while True:
             self.maintain()

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from kombu import Consumer, Queue
 from kombu.asynchronous import Hub
 
@@ -91,5 +92,33 @@ def test_a_delivery_held_on_the_event_loop_is_not_settled_by_a_multiple_ack(brok
             hub.run_once()
             time.sleep(0.2)
         assert _depths(brokers) == [(0, 0), (0, 0)]
+    finally:
+        hub.close()
+
+
+def test_a_drain_on_the_event_loops_thread_writes_the_batch_and_does_not_wait(brokers, connect):
+    # Celery's worker begins its event loop with drain_events(timeout=0.1), while the early
+    # acks of bodies begun during its start wait as callbacks of that pass (or in the batch,
+    # whose timer cannot fire meanwhile); a broker whose prefetch window they fill sends
+    # nothing that would end the wait.
+    conn = connect(brokers.url_for(0))
+    conn.Producer().publish({"n": 1}, routing_key="jobs", declare=[Queue("jobs", durable=True)])
+    seen: list[Delivery] = []
+    consumer = Consumer(
+        conn.channel(), [Queue("jobs", durable=True)], callbacks=[lambda b, m: seen.append(m)]
+    )
+    consumer.qos(prefetch_count=1)
+    consumer.consume()
+    hub = Hub()
+    conn.transport.register_with_event_loop(conn.connection, hub)
+    try:
+        assert _run_until(hub, lambda: len(seen) == 1, 10)
+        seen[0].ack()  # on the loop's thread: into the batch, its timer not run
+        assert conn.connection.ack_batcher.pending(seen[0].channel)
+        began = time.monotonic()
+        with pytest.raises(TimeoutError):
+            conn.drain_events(timeout=1.0)
+        assert time.monotonic() - began < 0.5  # it handled what had arrived: nothing
+        assert brokers.queue_depths(0)[0].get("jobs") == (0, 0)  # (ready, unacked)
     finally:
         hub.close()

@@ -79,6 +79,9 @@ app.conf.beetle_redis_url = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:637
 app.conf.worker_hijack_root_logger = False
 app.conf.worker_prefetch_multiplier = int(os.environ.get("BENCH_PREFETCH", "4"))
 app.conf.broker_connection_retry_on_startup = True
+# "quorum": the queues the worker declares are quorum queues (``bench_peers``' cluster)
+app.conf.task_default_queue_type = os.environ.get("BENCH_QUEUE_TYPE", "classic")
+app.conf.task_create_missing_queue_type = app.conf.task_default_queue_type
 app.conf.beetle_trace_dir = os.environ.get("BENCH_TRACE") or None
 # "0": the gate claims every delivery first, a pool process free or not (the way before)
 app.conf.beetle_claim_in_idle_pool = os.environ.get("BENCH_CLAIM_IN_IDLE_POOL", "1") == "1"

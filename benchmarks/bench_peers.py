@@ -123,7 +123,8 @@ def rounds(
     for n in range(opts.rounds):
         for body in opts.bodies:
             bench_exactly_once.BODY_MS = body
-            order = KINDS[n % len(KINDS) :] + KINDS[: n % len(KINDS)]
+            chosen = [k for k in KINDS if k in opts.kinds]
+            order = chosen[n % len(chosen) :] + chosen[: n % len(chosen)]
             line = []
             for name in order:
                 kind, figures = (
@@ -353,6 +354,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--kinds", default=",".join(KINDS), help="which to time")
     parser.add_argument("--bodies", default="0,5", help="task bodies to time, ms (a sleep)")
     parser.add_argument("--latency-ms", type=float, default=0.0, help="added each way per link")
     parser.add_argument("--latency-runs", type=int, default=0, help="p99 runs (target 4)")
@@ -361,6 +363,7 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, help="py-spy each kind's worker, last round")
     opts = parser.parse_args()
     opts.bodies = [float(b) for b in opts.bodies.split(",")]
+    opts.kinds = opts.kinds.split(",")
     if opts.profile:
         opts.profile.mkdir(parents=True, exist_ok=True)
         bench_exactly_once.PROFILE_POOL = True

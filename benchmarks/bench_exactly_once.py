@@ -79,6 +79,9 @@ app.conf.beetle_redis_url = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:637
 app.conf.worker_hijack_root_logger = False
 app.conf.worker_prefetch_multiplier = int(os.environ.get("BENCH_PREFETCH", "4"))
 app.conf.broker_connection_retry_on_startup = True
+# "quorum": the queues the worker declares are quorum queues (``bench_peers``' cluster)
+app.conf.task_default_queue_type = os.environ.get("BENCH_QUEUE_TYPE", "classic")
+app.conf.task_create_missing_queue_type = app.conf.task_default_queue_type
 app.conf.beetle_trace_dir = os.environ.get("BENCH_TRACE") or None
 # "0": the gate claims every delivery first, a pool process free or not (the way before)
 app.conf.beetle_claim_in_idle_pool = os.environ.get("BENCH_CLAIM_IN_IDLE_POOL", "1") == "1"
@@ -156,14 +159,21 @@ class TransportDedup(bootsteps.StartStopStep):
     """The ceiling of dropping the second copy in the transport, before kombu makes a
     Message of it (``beetle://``'s delivery filter, the hook the gate uses): ``bench.plain``
     delivered twice, the second copy acked on an in-memory set. Only with
-    ``BENCH_TRANSPORT_DEDUP=1``."""
+    ``BENCH_TRANSPORT_DEDUP=1``. It starts after beetle's gate, which sets its own filter
+    for the tasks it gates, and hands every other task's deliveries to that one."""
 
-    requires = ("celery.worker.consumer.tasks:Tasks",)
+    # the gate's step by its blueprint name: started first, its filter is not put over ours
+    requires = ("celery.worker.consumer.tasks:Tasks", "celery_beetle.bootstep.BeetleGateStep")
 
     def start(self, c: Any) -> None:
         seen: set[str] = set()
+        connection = c.connection._connection
+        gate_filter = connection.delivery_filter
 
         def second_copy_dropped(raw: Any, tag: str, deliver: Any) -> bool:
+            headers = raw.properties.get("application_headers")
+            if not isinstance(headers, dict) or headers.get("task") != "bench.plain":
+                return bool(gate_filter(raw, tag, deliver)) if gate_filter else False
             message_id = raw.properties.get("message_id")
             if message_id not in seen:
                 seen.add(message_id)
@@ -172,7 +182,7 @@ class TransportDedup(bootsteps.StartStopStep):
             raw.channel.basic_ack(raw.delivery_tag)
             return True
 
-        c.connection._connection.delivery_filter = second_copy_dropped
+        connection.delivery_filter = second_copy_dropped
 
 
 def _gc_pauses() -> dict[int, list[float]]:

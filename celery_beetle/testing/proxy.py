@@ -77,7 +77,7 @@ class TcpProxy:
         self.connect_timeout = connect_timeout
         self.port = 0
         self.state = "closed"  # forwarding | holding | stalled | cut | closed
-        self.delay_ms = 0  # added one-way latency while forwarding (`delay()`)
+        self.delay_ms = 0.0  # added one-way latency while forwarding (`delay()`)
         self._selector = selectors.DefaultSelector()
         self._listener: socket.socket | None = None
         self._links: dict[socket.socket, _Link] = {}
@@ -129,7 +129,7 @@ class TcpProxy:
         """Forward client bytes to the server, but hold the server's bytes until `restore()`."""
         self._call(self._do_hold)
 
-    def delay(self, ms: int) -> None:
+    def delay(self, ms: float) -> None:
         """Hold every byte `ms` milliseconds before writing it on, both ways, until
         `restore()` (a link with added latency; order and content unchanged)."""
         self._call(lambda: self._do_delay(ms))
@@ -338,13 +338,13 @@ class TcpProxy:
         for link in list(self._links.values()):
             self._update(link)
 
-    def _do_delay(self, ms: int) -> None:
-        self.delay_ms = max(0, int(ms))
+    def _do_delay(self, ms: float) -> None:
+        self.delay_ms = max(0.0, float(ms))
 
     def _do_restore(self) -> None:
         if self._listener is None:
             self._listen()  # same port: clients reconnect to the address they know
-        self.delay_ms = 0
+        self.delay_ms = 0.0
         self._release_due(everything=True)
         self.state = "forwarding"
         self._set_listening(True)

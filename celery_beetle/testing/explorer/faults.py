@@ -18,7 +18,10 @@ the run reaches, a day's TTL and a million messages, to the run's queues on ever
 and ``latency`` (``delay_ms`` added each way on one broker's link, or Redis's, through the
 proxy, for ``duration_s``). The fifth version's ``queues_bound``: ``beetle queues apply``
 of a small TTL or max-length on the run's queues for ``duration_s``, then the generous ones.
-A fault that finds nothing to act on (a broker fault aimed at a
+The sixth version's (:mod:`.sixth`): ``redis_failover``, ``replica_lag`` and
+``broker_replace``; in a scenario whose store is a Sentinel's, ``redis_kill`` and the Redis
+link's faults are skipped (the clients reach its nodes directly) and ``redis_refuse`` and
+``script_flush`` act on its master. A fault that finds nothing to act on (a broker fault aimed at a
 destroyed node) is logged as skipped and not counted.
 """
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -64,6 +68,9 @@ class Nemesis(threading.Thread):
         self.errors: list[str] = []
         self.stopping = threading.Event()
         self.helpers: list[subprocess.Popen[bytes]] = []  # migrate / replay commands
+        #: (sixth version) per Sentinel failover: when the master was killed, how long its
+        #: replica had been cut off before, whether writes waited for a replica
+        self.failovers: list[tuple[float, float, bool]] = []
 
     def run(self) -> None:
         for fault in self.run_.scenario.faults:
@@ -76,6 +83,8 @@ class Nemesis(threading.Thread):
                     applied = handler(fault.target, fault.duration_s, fault.delay_ms)
                 elif fault.kind == "queues_bound":
                     applied = handler(fault.target, fault.duration_s, fault.bound)
+                elif fault.kind == "redis_failover":
+                    applied = handler(fault.duration_s, fault.lag_s)
                 else:
                     applied = handler(fault.target, fault.duration_s)
                 when = f"{time.monotonic() - self.run_.started:6.1f}s"
@@ -161,22 +170,97 @@ class Nemesis(threading.Thread):
         run.nodes[n].kill()
         return True
 
-    def _redis_kill(self, target: int, duration_s: float) -> None:
+    def _redis(self) -> Any:
+        """The Redis the dedup store writes to: the batch's, or the Sentinel's master now."""
+        sentinel = self.run_.sentinel
+        return sentinel.master() if sentinel is not None else self.run_.cluster.redis
+
+    def _redis_kill(self, target: int, duration_s: float) -> bool:
+        if self.run_.sentinel is not None:
+            # a master without persistence restarted before its Sentinel noticed comes back
+            # empty and its replica copies that: a data loss no setting guards against;
+            # the Sentinel's kill is ``redis_failover``
+            return False
         began = time.time()
         self.run_.cluster.redis.kill()
         self.stopping.wait(duration_s)
         self.run_.cluster.redis.start()
         self.redis_outages.append((began, time.time()))
+        return True
 
     def _redis_refuse(self, target: int, duration_s: float) -> None:
         began = time.time()
-        with refusing_writes(self.run_.cluster.redis):
+        with refusing_writes(self._redis()):
             self.stopping.wait(duration_s)
         self.redis_outages.append((began, time.time()))
 
     def _script_flush(self, target: int, duration_s: float) -> None:
-        with self.run_.cluster.redis.client() as client:
+        with self._redis().client() as client:
             client.script_flush()
+
+    # -- the sixth version: a Sentinel failover, a lagging replica, an empty broker ----------
+
+    def _redis_failover(self, duration_s: float, lag_s: float) -> bool:
+        """The Sentinel's master killed -9 (its replica first cut off for ``lag_s`` while
+        the master acknowledges writes), the replica promoted, and the old master back as a
+        replica ``duration_s`` after the promotion. Redis cannot store for the whole of it
+        with ``wait_replicas`` (no replica until the old master is back), until the
+        promotion without."""
+        run = self.run_
+        sentinel = run.sentinel
+        if sentinel is None:
+            return False
+        waited = bool(run.scenario.settings.wait_replicas)
+        began = time.time()
+        old = sentinel.kill_master(unreplicated_s=lag_s)
+        killed = time.time()
+        self.failovers.append((killed, lag_s, waited))
+        sentinel.wait_failover(old)
+        promoted = time.time()
+        self.stopping.wait(duration_s)
+        sentinel.rejoin(old)
+        self.redis_outages.append(
+            (began if waited else killed, time.time() if waited else promoted)
+        )
+        return True
+
+    def _replica_lag(self, target: int, duration_s: float) -> bool:
+        """The replica frozen (SIGSTOP) for ``duration_s``: with ``wait_replicas`` no write
+        is acknowledged meanwhile, and the store treats Redis as unreachable."""
+        sentinel = self.run_.sentinel
+        if sentinel is None:
+            return False
+        replica = sentinel.replica()
+        began = time.time()
+        replica.pause()
+        self.stopping.wait(duration_s)
+        replica.resume()
+        if self.run_.scenario.settings.wait_replicas:
+            self.redis_outages.append((began, time.time()))
+        return True
+
+    def _broker_replace(self, target: int, duration_s: float) -> bool:
+        """A broker killed -9 and its data wiped; ``duration_s`` later an empty node starts
+        on its port, and the operator recreates the run's vhost (and RabbitMQ 4's limits) as
+        a definitions import would. The workers and publishers declare the queues again;
+        what the old node held is gone, and each BeetleTask's copy on another broker must
+        run once."""
+        run = self.run_
+        n = target % len(run.nodes)
+        if n in run.destroyed:
+            return False
+        node = run.nodes[n]
+        if node.is_paused:
+            node.resume()
+        node.kill()
+        run.replaced.add(n)
+        shutil.rmtree(node.base_dir / "mnesia", ignore_errors=True)
+        self.stopping.wait(duration_s)
+        node.start()
+        node.create_vhost(run.vhost)
+        if run.scenario.settings.rabbit4:
+            run.limit(node)
+        return True
 
     # -- the network (a TCP proxy in front of each server) ----------------------------------
 
@@ -205,17 +289,22 @@ class Nemesis(threading.Thread):
         self.stopping.wait(duration_s)
         proxy.restore()
 
-    def _latency(self, target: int, duration_s: float, delay_ms: int) -> None:
+    def _latency(self, target: int, duration_s: float, delay_ms: int) -> bool:
         """``delay_ms`` more each way on one link: a broker's (``target`` below the number
         of brokers) or Redis's; restored after ``duration_s``."""
         run = self.run_
+        if target >= len(run.proxies) and run.sentinel is not None:
+            return False  # a Sentinel hands out its master's own address: no proxy between
         proxy = run.proxies[target] if target < len(run.proxies) else run.cluster.redis_proxy
         assert proxy is not None
         proxy.delay(delay_ms)
         self.stopping.wait(duration_s)
         proxy.restore()
+        return True
 
-    def _redis_partition(self, target: int, duration_s: float) -> None:
+    def _redis_partition(self, target: int, duration_s: float) -> bool:
+        if self.run_.sentinel is not None:
+            return False  # no proxy in front of a Sentinel's nodes
         proxy = self.run_.cluster.redis_proxy
         assert proxy is not None
         began = time.time()
@@ -223,9 +312,12 @@ class Nemesis(threading.Thread):
         self.stopping.wait(duration_s)
         proxy.restore()
         self.redis_outages.append((began, time.time()))
+        return True
 
-    def _redis_held_replies(self, target: int, duration_s: float) -> None:
+    def _redis_held_replies(self, target: int, duration_s: float) -> bool:
         """Redis applies the scripts; the replies are held (a claim whose reply was lost)."""
+        if self.run_.sentinel is not None:
+            return False
         proxy = self.run_.cluster.redis_proxy
         assert proxy is not None
         began = time.time()
@@ -233,6 +325,7 @@ class Nemesis(threading.Thread):
         self.stopping.wait(duration_s)
         proxy.restore()
         self.redis_outages.append((began, time.time()))
+        return True
 
     # -- operators' commands -----------------------------------------------------------------
 

@@ -213,16 +213,19 @@ def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
         keys = {run.key(i): i for i in scenario.items}
         beetle = {k for k in publisher.confirmed if keys[k].kind in checker.BEETLE_KINDS}
         deadline = time.monotonic() + drain_deadline_s(scenario)
-        trace = checker.read_trace(run.trace)
+        # with tracing off in part of the fleet the ledger tells its completions
+        ledger_dir = run.ledger if scenario.settings.untraced else None
+        trace = checker.read_trace(run.trace, ledger_dir)
         fragile = checker.chords_may_fail(nemesis.counts)
         wanted = checker.awaited(beetle, keys, trace, chords_may_fail=fragile)
-        # what RabbitMQ dead-lettered (a queue bound) has no outcome in the trace
-        bounded = bool(nemesis.counts["queues_bound"])
+        # what RabbitMQ dead-lettered (a queue bound), or a worker with tracing off, has no
+        # outcome in the trace
+        bounded = bool(nemesis.counts["queues_bound"] or scenario.settings.untraced)
         by_broker = peek_dead_letters(run) if bounded else {}
         looked = time.monotonic()
         while run.resolved(trace, wanted, by_broker) != wanted and time.monotonic() < deadline:
             time.sleep(1)
-            trace = checker.read_trace(run.trace)
+            trace = checker.read_trace(run.trace, ledger_dir)
             wanted = checker.awaited(beetle, keys, trace, chords_may_fail=fragile)
             if bounded and time.monotonic() - looked > 5:
                 by_broker, looked = peek_dead_letters(run), time.monotonic()
@@ -240,8 +243,10 @@ def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
             confirmed=publisher.confirmed,
             rolled_back=publisher.rolled_back,
             destroyed={n for n in run.destroyed},
+            replaced=set(run.replaced),
+            failovers=nemesis.failovers,
             keys=keys,
-            trace=checker.read_trace(run.trace),
+            trace=checker.read_trace(run.trace, ledger_dir),
             ledger=read_dir(run.ledger),
             audit=naive.judge(naive.expand([run.trace])),
             dead_letters=dead,

@@ -9,7 +9,7 @@ deliveries, a migration while countdown tasks are held, a kill right after an in
 because that is where the bugs found so far were.
 
 The draw grew in versions, each from a random stream of its own (``Random(seed)``, then
-``Random(f"{seed}/2")``, ... ``Random(f"{seed}/5")``), so that a later
+``Random(f"{seed}/2")``, ... ``Random(f"{seed}/6")``), so that a later
 version only *adds* items and faults: a seed keeps the settings, messages and faults an
 earlier version gave it (``tests/unit/test_explorer.py`` pins seeds 1000, 1004, 3022 and
 5000). The third version adds ``self.retry`` bodies, groups, outbox enqueues (committed and
@@ -22,7 +22,10 @@ fifth adds RabbitMQ 4's limits (:attr:`Settings.rabbit4`: quorum queues, an oper
 ``delivery-limit`` of 20 on every node, sometimes a lowered ``consumer_timeout``) and
 ``queues_bound``: ``beetle queues apply`` of a TTL or a max-length small enough to expire
 or drop the run's messages for a while (each must end in ``<queue>.dead`` with RabbitMQ's
-reason, never silently gone).
+reason, never silently gone). The sixth (:mod:`.sixth`) adds a Sentinel-managed Redis
+(a master killed and its replica promoted, with and without ``beetle_redis_wait_replicas``;
+a replica frozen while writes wait for it), a worker with tracing off, and a broker replaced
+by an empty node.
 
 A scenario is a plain dataclass: printable (:meth:`Scenario.describe`), serialisable
 (:meth:`Scenario.to_json`), and reducible (:mod:`.shrink` drops items, faults and workers
@@ -46,6 +49,7 @@ __all__ = [
     "NETWORK_FAULTS",
     "RETRY_DELAY_S",
     "SECOND_QUEUE",
+    "SIXTH_FAULTS",
     "THIRD_FAULTS",
     "Fault",
     "Item",
@@ -84,6 +88,8 @@ NETWORK_FAULTS: dict[str, int] = {
 THIRD_FAULTS = ("relay_kill", "broker_destroy", "queues_apply", "latency")
 #: faults of the draw's fifth version (its own stream)
 FIFTH_FAULTS = ("queues_bound",)
+#: faults of the draw's sixth version (its own stream; :mod:`.sixth`)
+SIXTH_FAULTS = ("redis_failover", "replica_lag", "broker_replace")
 #: RabbitMQ's ``consumer_timeout`` by default (30 min), put back after a scenario lowered it
 CONSUMER_TIMEOUT_MS = 1_800_000
 #: the quorum queues' ``delivery-limit`` RabbitMQ 4 sets by default
@@ -118,6 +124,12 @@ class Settings:
     #: (fifth version) the nodes' ``consumer_timeout`` for the scenario (0: the default,
     #: CONSUMER_TIMEOUT_MS); RabbitMQ 3.10 checks it once a minute
     consumer_timeout_ms: int = 0
+    #: (sixth version) the dedup store is a Sentinel-managed master with one replica
+    sentinel: bool = False
+    #: (sixth version) ``beetle_redis_wait_replicas`` (with ``sentinel``)
+    wait_replicas: int = 0
+    #: (sixth version) worker slots started with tracing off (the first ``untraced``)
+    untraced: int = 0
 
     def task_options(self) -> dict[str, Any]:
         options: dict[str, Any] = {
@@ -170,7 +182,9 @@ class Fault:
     exists at that moment), ``duration_s`` how long before it heals (a restart, a resume);
     ``delay_ms`` the one-way delay a ``latency`` fault adds. A ``queues_bound`` (fifth
     version) sets, for ``duration_s``, a TTL of ``bound`` ms (``target`` 0) or a max-length
-    of ``bound`` messages (``target`` 1) on the run's queues."""
+    of ``bound`` messages (``target`` 1) on the run's queues. A ``redis_failover`` (sixth
+    version) first cuts the replica off for ``lag_s`` while the master acknowledges writes
+    (what it then lacks is lost with the master)."""
 
     at_s: float
     kind: str
@@ -178,6 +192,7 @@ class Fault:
     duration_s: float = 1.0
     delay_ms: int = 0
     bound: int = 0
+    lag_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -209,7 +224,7 @@ class Scenario:
             f"acks_late={s.acks_late} timeout={s.timeout_s}s prefetch={s.prefetch_multiplier} "
             f"pool={s.pool}x{s.concurrency} brokers={s.brokers} workers={s.workers} "
             f"inbox={s.inbox} outbox={s.outbox} shared_scope={s.shared_scope}"
-            f"{_rabbit4(s)}; "
+            f"{_rabbit4(s)}{_sixth(s)}; "
             f"{len(self.items)} messages {kinds} ({countdowns} countdown); "
             f"faults: {faults}"
         )
@@ -238,6 +253,11 @@ def _rabbit4(s: Settings) -> str:
         return ""
     timeout = f" consumer_timeout={s.consumer_timeout_ms}ms" if s.consumer_timeout_ms else ""
     return f" rabbit4(quorum, delivery-limit={DELIVERY_LIMIT}{timeout})"
+
+
+def _sixth(s: Settings) -> str:
+    sentinel = f" sentinel(wait_replicas={s.wait_replicas})" if s.sentinel else ""
+    return sentinel + (f" untraced={s.untraced}" if s.untraced else "")
 
 
 def _settings(rng: random.Random) -> Settings:
@@ -366,6 +386,11 @@ def draw(seed: int) -> Scenario:
     fifth = random.Random(f"{seed}/5")
     settings = _fifth_settings(fifth, settings, faults)
     faults = _fifth_faults(fifth, faults, publish_s)
+    from celery_beetle.testing.explorer.sixth import sixth_faults, sixth_settings
+
+    sixth = random.Random(f"{seed}/6")
+    settings = sixth_settings(sixth, settings, faults)
+    faults = sixth_faults(sixth, settings, faults, publish_s)
     items = tuple(sorted(items, key=lambda i: i.at_s))
     return Scenario(seed, settings, items, faults)
 

@@ -61,6 +61,7 @@ __all__ = [
     "chain_modes",
     "chord_body_key",
     "chords_may_fail",
+    "failover_reruns",
     "judge",
     "known",
     "link_key",
@@ -398,6 +399,18 @@ def _failover_may_rerun(key: str, ev: Evidence, lease_s: float) -> bool:
     entry = ev.ledger.entry(key)
     starts, ends = [ts for ts, _ in entry.starts], [ts for ts, _ in entry.ends]
     return allowed.failover_may_rerun(starts, ends, ev.failovers, lease_s)
+
+
+def failover_reruns(scenario: Scenario, ev: Evidence) -> list[str]:
+    """The messages that started again after a body returned and that a failover without
+    ``wait_replicas`` excused (for the run's notes: what the failover cost)."""
+    found = []
+    for key, entry in sorted(ev.ledger.items()):
+        ends = sorted(ts for ts, _ in entry.ends)
+        again = bool(ends) and any(ts > ends[0] for ts, _ in entry.starts)
+        if again and _failover_may_rerun(key, ev, scenario.settings.timeout_s):
+            found.append(key)
+    return found
 
 
 def _excused_by_the_audits_blind_spot(

@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Nemesis"]
 
+#: how many times the operator runs a migration that stopped again (``--resume``)
+MIGRATE_RESUMES = 3
 #: bounds no run reaches: a day's TTL, a million messages per queue
 GENEROUS = {"message_ttl_ms": 86_400_000, "max_length": 1_000_000}
 
@@ -71,6 +73,8 @@ class Nemesis(threading.Thread):
         #: (sixth version) per Sentinel failover: when the master was killed, how long its
         #: replica had been cut off before, whether writes waited for a replica
         self.failovers: list[tuple[float, float, bool]] = []
+        #: threads that resume a migration that stopped (:meth:`_resume_migration`)
+        self.operators: list[threading.Thread] = []
 
     def run(self) -> None:
         for fault in self.run_.scenario.faults:
@@ -329,12 +333,13 @@ class Nemesis(threading.Thread):
 
     # -- operators' commands -----------------------------------------------------------------
 
-    def _beetle(self, name: str, *args: str) -> None:
+    def _beetle(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         command = [sys.executable, "-c", "from celery_beetle.cli import main; main()", *args]
         log = Path(self.run_.base / f"{name}.log")
         with log.open("ab") as out:
             proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
         self.helpers.append(proc)
+        return proc
 
     def _migrate(self, target: int, duration_s: float) -> None:
         run = self.run_
@@ -344,7 +349,24 @@ class Nemesis(threading.Thread):
         for node, proxy in zip(run.nodes, run.proxies, strict=True):
             api = f"http://{node.host}:{node.management_port}"
             args += ["--management-url", f"{proxy.host_port}={api}"]
-        self._beetle("migrate", *args)
+        proc = self._beetle("migrate", *args)
+        operator = threading.Thread(target=self._resume_migration, args=(proc, args), daemon=True)
+        operator.start()
+        self.operators.append(operator)
+
+    def _resume_migration(self, proc: subprocess.Popen[bytes], args: list[str]) -> None:
+        """The operator's part when a migration stops (a broker or the store away for a
+        moment, a Sentinel failing over): operations.md says to run it again with
+        ``--resume``, and the workers hold the queue handed back until then. A few times,
+        seconds apart; one that never began is run again from the start."""
+        log = self.run_.base / "migrate.log"
+        for _ in range(MIGRATE_RESUMES):
+            code = proc.wait()
+            if code == 0 or self.stopping.wait(3):
+                return
+            never_began = "no migration of" in log.read_text(errors="replace")[-2000:]
+            self.log.append(f"queues migrate: exit {code}, run again")
+            proc = self._beetle("migrate", *args, *([] if never_began else ["--resume"]))
 
     def _queues_apply(self, target: int, duration_s: float) -> None:
         """``beetle queues apply`` of policies that bound nothing the run reaches: a day's
@@ -375,8 +397,7 @@ class Nemesis(threading.Thread):
 
     def _apply_now(self, bounds: dict[str, int]) -> None:
         """``beetle queues apply`` of ``bounds``, waited for (bounded: 60 s)."""
-        self._beetle("queues_bound", *self._apply_args(bounds))
-        proc = self.helpers[-1]
+        proc = self._beetle("queues_bound", *self._apply_args(bounds))
         try:
             proc.wait(60)
         except subprocess.TimeoutExpired:
@@ -408,6 +429,8 @@ class Nemesis(threading.Thread):
         if self.is_alive():
             self.stopping.set()
             self.join(30)
+        for operator in self.operators:
+            operator.join(120)
         deadline = time.monotonic() + 60
         for proc in self.helpers:
             try:

@@ -260,6 +260,9 @@ def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
         violations = checker.judge(scenario, evidence)
         story = _story(violations, evidence, base)
         notes += publisher.errors[:5] + nemesis.errors
+        reruns = checker.failover_reruns(scenario, evidence)
+        if reruns:
+            notes.append(f"a failover without wait_replicas ran {len(reruns)} message(s) again")
         (base / "verdict.json").write_text(
             json.dumps(
                 {
@@ -269,6 +272,7 @@ def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
                     "publish_errors": publisher.errors,
                     "audit": evidence.audit.counts,
                     "dead_letters_by_reason": _by_reason(dead),
+                    "failover_reruns": reruns,
                     "story": story,
                 },
                 indent=1,

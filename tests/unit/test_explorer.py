@@ -412,7 +412,7 @@ def _fourth(item: Item) -> bool:
 #: the fifth version's settings (and ``Fault.bound``), left out of what earlier versions pin
 _FIFTH_SETTINGS = ("rabbit4", "consumer_timeout_ms")
 #: the sixth version's settings (and ``Fault.lag_s``), left out of what earlier versions pin
-_SIXTH_SETTINGS = ("sentinel", "wait_replicas", "untraced")
+_SIXTH_SETTINGS = ("sentinel", "wait_replicas", "untraced", "previous")
 
 
 def _before_sixth(scenario: Scenario) -> dict[str, Any]:
@@ -877,7 +877,10 @@ def test_the_sixth_version_draws_sentinel_failovers_untraced_workers_and_empty_n
             assert not kinds & {"migrate", "broker_destroy", "queues_bound"}
         if s.settings.untraced:
             assert s.settings.workers >= 2
+        if s.settings.previous:
+            assert s.settings.workers >= 2 and "worker_upgrade" in kinds
     assert any(s.settings.untraced for s in scenarios)
+    assert any(s.settings.previous for s in scenarios)
     assert any(f.kind == "broker_replace" for s in scenarios for f in s.faults)
 
 

@@ -50,6 +50,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep every run's files")
     p.add_argument("--dir", default=None, help="where runs' files go (default: a temp dir)")
     p.add_argument("--report", default=None, help="the soak's page (default: DIR/report.html)")
+    p.add_argument(
+        "--previous", default=None, help="the previous release's commit (default: HEAD~20)"
+    )
     return p.parse_args(argv)
 
 
@@ -68,6 +71,10 @@ def _seeds(args: argparse.Namespace) -> Iterator[int]:
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     os.environ.setdefault("BEETLE_TEST_SERVERS", "local")
+    if args.previous:
+        from celery_beetle.testing.explorer.previous import ENV
+
+        os.environ[ENV] = args.previous
     signal.signal(signal.SIGTERM, _interrupt)  # stopped like Ctrl-C: every process cleaned up
     base = Path(args.dir or tempfile.mkdtemp(prefix="beetle-explore-"))
     base.mkdir(parents=True, exist_ok=True)

@@ -126,6 +126,20 @@ class Nemesis(threading.Thread):
         self.stopping.wait(duration_s)
         fleet.start(slot)
 
+    def _worker_upgrade(self, target: int, duration_s: float) -> bool:
+        """The previous release's worker stopped warmly, the current code started in its
+        slot: a rolling deploy's step."""
+        fleet = self.run_.fleet
+        slot = fleet.previous_slot
+        if slot is None:
+            return False
+        fleet.previous_slot = None
+        worker = fleet.slots[slot]
+        if worker is not None and worker.alive():
+            worker.stop(timeout=self.run_.scenario.settings.timeout_s * 2 + 10)
+        fleet.start(slot)
+        return True
+
     def _pool_kill(self, target: int, duration_s: float) -> None:
         worker = self.run_.fleet.slots[target % len(self.run_.fleet.slots)]
         if worker is None or not worker.alive():

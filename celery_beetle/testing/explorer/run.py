@@ -64,6 +64,8 @@ class Cluster:
         self.lowered = False
         #: a Sentinel-managed master and replica, started for the first scenario that needs it
         self.sentinel: SentinelSet | None = None
+        #: the previous release's directory (or None) and what to say of it, found once
+        self._previous: tuple[Path | None, str] | None = None
 
     def start(self) -> Cluster:
         start_all(self.nodes)
@@ -83,6 +85,14 @@ class Cluster:
             self.sentinel = SentinelSet(self.base / "sentinel")
             self.sentinel.start()
         return self.sentinel
+
+    def previous_release(self) -> tuple[Path | None, str]:
+        """The previous release's code for a worker slot (:mod:`.previous`), once a batch."""
+        if self._previous is None:
+            from celery_beetle.testing.explorer.previous import checkout
+
+            self._previous = checkout(self.base)
+        return self._previous
 
     def postgres(self) -> Any:
         if self.pg is None:
@@ -169,6 +179,8 @@ class Fleet:
             **run.app_conf,
         }
         self.slots: list[WorkerProcess | None] = [None] * run.scenario.settings.workers
+        #: the slot that runs the previous release until ``worker_upgrade`` (None: none)
+        self.previous_slot = len(self.slots) - 1 if run.previous_root else None
         self.every: list[WorkerProcess] = []
         self._lock = threading.Lock()
 
@@ -184,7 +196,7 @@ class Fleet:
             concurrency=settings.concurrency,
             queue=",".join(run.queues),
             name=f"ex{slot}",
-            root=ROOT,
+            root=run.previous_root if slot == self.previous_slot else ROOT,
         )
         with self._lock:
             self.every.append(worker)
@@ -249,6 +261,12 @@ class Run:
         self.destroyed: set[int] = set()
         #: indexes of brokers replaced by an empty node in this run (what they held is gone)
         self.replaced: set[int] = set()
+        #: what the run says beside its verdict (the previous release it ran, or why not)
+        self.notes: list[str] = []
+        self.previous_root: Path | None = None
+        if scenario.settings.previous:
+            self.previous_root, said = cluster.previous_release()
+            self.notes.append(said)
         #: an outbox row's id is its task id, a UUID (the outbox's own time-ordered kind,
         #: made in the order of the enqueues, so a key's rows are published in that order)
         from celery_beetle.outbox.ids import new_id

@@ -259,7 +259,7 @@ def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
         )
         violations = checker.judge(scenario, evidence)
         story = _story(violations, evidence, base)
-        notes += publisher.errors[:5] + nemesis.errors
+        notes += run.notes + publisher.errors[:5] + nemesis.errors
         reruns = checker.failover_reruns(scenario, evidence)
         if reruns:
             notes.append(f"a failover without wait_replicas ran {len(reruns)} message(s) again")

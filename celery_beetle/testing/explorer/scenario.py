@@ -25,7 +25,7 @@ or drop the run's messages for a while (each must end in ``<queue>.dead`` with R
 reason, never silently gone). The sixth (:mod:`.sixth`) adds a Sentinel-managed Redis
 (a master killed and its replica promoted, with and without ``beetle_redis_wait_replicas``;
 a replica frozen while writes wait for it), a worker with tracing off, and a broker replaced
-by an empty node.
+by an empty node, and a worker of the previous release upgraded during the run.
 
 A scenario is a plain dataclass: printable (:meth:`Scenario.describe`), serialisable
 (:meth:`Scenario.to_json`), and reducible (:mod:`.shrink` drops items, faults and workers
@@ -89,7 +89,7 @@ THIRD_FAULTS = ("relay_kill", "broker_destroy", "queues_apply", "latency")
 #: faults of the draw's fifth version (its own stream)
 FIFTH_FAULTS = ("queues_bound",)
 #: faults of the draw's sixth version (its own stream; :mod:`.sixth`)
-SIXTH_FAULTS = ("redis_failover", "replica_lag", "broker_replace")
+SIXTH_FAULTS = ("redis_failover", "replica_lag", "broker_replace", "worker_upgrade")
 #: RabbitMQ's ``consumer_timeout`` by default (30 min), put back after a scenario lowered it
 CONSUMER_TIMEOUT_MS = 1_800_000
 #: the quorum queues' ``delivery-limit`` RabbitMQ 4 sets by default
@@ -130,6 +130,8 @@ class Settings:
     wait_replicas: int = 0
     #: (sixth version) worker slots started with tracing off (the first ``untraced``)
     untraced: int = 0
+    #: (sixth version) the last worker slot runs the previous release until upgraded
+    previous: bool = False
 
     def task_options(self) -> dict[str, Any]:
         options: dict[str, Any] = {
@@ -257,7 +259,8 @@ def _rabbit4(s: Settings) -> str:
 
 def _sixth(s: Settings) -> str:
     sentinel = f" sentinel(wait_replicas={s.wait_replicas})" if s.sentinel else ""
-    return sentinel + (f" untraced={s.untraced}" if s.untraced else "")
+    untraced = f" untraced={s.untraced}" if s.untraced else ""
+    return sentinel + untraced + (" previous-release" if s.previous else "")
 
 
 def _settings(rng: random.Random) -> Settings:
@@ -386,11 +389,16 @@ def draw(seed: int) -> Scenario:
     fifth = random.Random(f"{seed}/5")
     settings = _fifth_settings(fifth, settings, faults)
     faults = _fifth_faults(fifth, faults, publish_s)
-    from celery_beetle.testing.explorer.sixth import sixth_faults, sixth_settings
+    from celery_beetle.testing.explorer.sixth import (
+        previous_release,
+        sixth_faults,
+        sixth_settings,
+    )
 
     sixth = random.Random(f"{seed}/6")
     settings = sixth_settings(sixth, settings, faults)
     faults = sixth_faults(sixth, settings, faults, publish_s)
+    settings, faults = previous_release(sixth, settings, faults, publish_s)
     items = tuple(sorted(items, key=lambda i: i.at_s))
     return Scenario(seed, settings, items, faults)
 

@@ -18,7 +18,10 @@ everything the earlier versions gave it:
   started on its port ``duration_s`` later (an operator recreates the vhost, as a
   definitions import would; the workers and publishers declare the queues again). Not
   with a migration, a broker destroyed for good or a queue bound (each reads what the
-  node held).
+  node held);
+- in about one scenario in seven with two or more workers, the last worker slot runs the
+  **previous release** (``previous``, :mod:`.previous`) until a ``worker_upgrade`` stops
+  it warmly and starts the current code in its place (a rolling deploy's step).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from dataclasses import replace
 
 from celery_beetle.testing.explorer.scenario import Fault, Settings
 
-__all__ = ["sixth_faults", "sixth_settings"]
+__all__ = ["previous_release", "sixth_faults", "sixth_settings"]
 
 
 def sixth_settings(rng: random.Random, settings: Settings, faults: tuple[Fault, ...]) -> Settings:
@@ -63,3 +66,16 @@ def sixth_faults(
         target = rng.randint(0, settings.brokers - 1)
         added.append(Fault(at(publish_s), "broker_replace", target, round(rng.uniform(0.5, 3), 1)))
     return tuple(sorted((*faults, *added), key=lambda f: f.at_s))
+
+
+def previous_release(
+    rng: random.Random, settings: Settings, faults: tuple[Fault, ...], publish_s: float
+) -> tuple[Settings, tuple[Fault, ...]]:
+    """The last worker slot on the previous release, replaced by the current code during
+    the run, in about one scenario in seven with two or more workers (drawn after the
+    rest of the version, so a seed keeps what the version gave it before)."""
+    if settings.workers < 2 or rng.random() >= 0.15:
+        return settings, faults
+    upgrade = Fault(round(rng.uniform(1, publish_s + 4), 1), "worker_upgrade", 0, 1.0)
+    ordered = tuple(sorted((*faults, upgrade), key=lambda f: f.at_s))
+    return replace(settings, previous=True), ordered

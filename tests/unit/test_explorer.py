@@ -931,3 +931,20 @@ def test_a_raw_message_on_a_broker_replaced_by_an_empty_node_may_be_gone():
     ev = _evidence("k", plain)
     ev.faults["broker_replace"] = 1
     assert checker.judge(_scenario(Settings(), plain), ev) == []
+
+
+def test_a_previous_release_that_is_not_a_commit_is_skipped_with_the_reason(tmp_path: Path):
+    from celery_beetle.testing.explorer.previous import checkout
+
+    root, said = checkout(tmp_path, "no-such-commit-here")
+    assert root is None
+    assert said.startswith("previous release 'no-such-commit-here' skipped: not a commit here")
+
+
+def test_an_empty_node_that_never_got_the_runs_queues_again_is_a_violation():
+    item = Item(0, "plain")
+    ev = _evidence("k", item, missing_queues={"127.0.0.1:5": ["explore"]})
+    ev.trace.completed["k"] = 1
+    ev.faults["broker_replace"] = 1
+    rules = [v.rule for v in checker.judge(_scenario(Settings(), item), ev)]
+    assert rules == ["redeclared"]

@@ -67,6 +67,10 @@ RULES: dict[str, str] = {
     "often as it asks, no more)",
     "rolled_back_ran": 'outbox.md "The outbox": "committed: both run once. Rolled back: '
     'neither ever runs" (no start, no outcome)',
+    "redeclared": 'transport.md "What happens when a broker fails": a broker that comes back '
+    'has "its queues, bindings, QoS and consumers ... set up again" (an empty node in a '
+    "broker's place holds the run's queues again by the end: SIXTH_VERSION "
+    '"broker_replace")',
     "order": 'outbox.md "Per-key ordering": "tasks of one key are published one after '
     "another, each once the one before it was confirmed by the brokers, in the order of "
     'their ids" (the order they *run* in is not promised, and not judged)',

@@ -35,6 +35,16 @@ reason ``expired`` or ``maxlen`` (outcome ``dead:broker:<reason>``), and is then
 dead-lettered rather than lost (still: no more starts than allowed, no body that returned
 unkilled); such a dead letter beside another outcome is a surplus copy's. A message with no
 outcome and no dead letter is ``lost`` as ever. RabbitMQ 4's limits change no rule.
+
+The sixth version's (``allowed.SIXTH_VERSION``): after a Sentinel failover without
+``wait_replicas`` a message the old master may have written for shortly before the kill
+(:func:`allowed.failover_may_rerun`) may start again, up to ``attempts`` more, and complete
+twice; with ``wait_replicas`` nothing is excused. A worker with tracing off completes a
+message when its body returned (or called ``self.retry``) in one of its processes (the
+ledger says so), its dead letters are read from the brokers, and the audit's "lost" and
+"unexpected", which come from what the trace could not see, are not asked of its
+messages. A broker replaced by an empty node is a broker fault, and may take a message with
+one copy with it.
 """
 
 from __future__ import annotations
@@ -213,6 +223,8 @@ class Evidence:
     #: (sixth version) per Sentinel failover: (when the master was killed, the replica's
     #: lag before it, whether writes waited for a replica)
     failovers: list[tuple[float, float, bool]] = field(default_factory=list)
+    #: (sixth version) per broker replaced by an empty node, the run's queues it lacks
+    missing_queues: dict[str, list[str]] = field(default_factory=dict)
 
 
 def second_key(key: str) -> str:
@@ -626,6 +638,8 @@ def judge(scenario: Scenario, ev: Evidence) -> list[Violation]:
         found += _judge_rolled_back(key, ev)
     found += _judge_order(ev)
     found = _tolerate_start_window(found, ev)
+    for broker, queues in sorted(ev.missing_queues.items()):
+        found.append(Violation("redeclared", broker, f"an empty node never got {queues}"))
     for queue, keys in sorted(ev.leftover.items()):
         # a surplus copy of a message that has its outcome is explained: the next worker
         # drops it as a duplicate; anything else is not

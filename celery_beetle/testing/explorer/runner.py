@@ -91,6 +91,19 @@ def _inspect(run: Run) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
     return dead, left
 
 
+def _missing_queues(run: Run) -> dict[str, list[str]]:
+    """Per broker replaced by an empty node, the run's queues it does not hold at the end
+    (the workers and publishers declare them again on a broker that comes back)."""
+    missing: dict[str, list[str]] = {}
+    for n in sorted(run.replaced - run.destroyed):
+        node = run.nodes[n]
+        held = node.queue_depths(run.vhost)
+        gone = [queue for queue in run.queues if queue not in held]
+        if gone:
+            missing[node.host_port] = gone
+    return missing
+
+
 def dead_reason(headers: dict[str, Any]) -> str:
     """A dead letter's reason: the worker's ``x-beetle-dead-reason``, or ``broker:<reason>``
     from RabbitMQ's latest ``x-death`` (``expired``, ``maxlen``, ``delivery_limit``...)."""
@@ -239,12 +252,14 @@ def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
         flush_all()
         run.heal()
         dead, left = _inspect(run)
+        missing = _missing_queues(run)
         evidence = checker.Evidence(
             confirmed=publisher.confirmed,
             rolled_back=publisher.rolled_back,
             destroyed={n for n in run.destroyed},
             replaced=set(run.replaced),
             failovers=nemesis.failovers,
+            missing_queues=missing,
             keys=keys,
             trace=checker.read_trace(run.trace, ledger_dir),
             ledger=read_dir(run.ledger),

@@ -64,7 +64,9 @@ def sixth_faults(
     excluded = {"migrate", "broker_destroy", "queues_bound"}
     if not kinds & excluded and rng.random() < 0.12:
         target = rng.randint(0, settings.brokers - 1)
-        added.append(Fault(at(publish_s), "broker_replace", target, round(rng.uniform(0.5, 3), 1)))
+        # early: an empty node takes seconds to boot, and should still get publishes after
+        when = at(max(1.0, publish_s - 6))
+        added.append(Fault(when, "broker_replace", target, round(rng.uniform(0.5, 3), 1)))
     return tuple(sorted((*faults, *added), key=lambda f: f.at_s))
 
 

@@ -18,11 +18,12 @@ the run reaches, a day's TTL and a million messages, to the run's queues on ever
 and ``latency`` (``delay_ms`` added each way on one broker's link, or Redis's, through the
 proxy, for ``duration_s``). The fifth version's ``queues_bound``: ``beetle queues apply``
 of a small TTL or max-length on the run's queues for ``duration_s``, then the generous ones.
-The sixth version's: ``redis_failover``, ``replica_lag`` and
-``broker_replace``; in a scenario whose store is a Sentinel's, ``redis_kill`` and the Redis
+The sixth version's: ``redis_failover``, ``replica_lag``, ``broker_replace`` and
+``worker_upgrade``; in a scenario whose store is a Sentinel's, ``redis_kill`` and the Redis
 link's faults are skipped (the clients reach its nodes directly) and ``redis_refuse`` and
-``script_flush`` act on its master. A fault that finds nothing to act on (a broker fault aimed at a
-destroyed node) is logged as skipped and not counted.
+``script_flush`` act on its master. A fault that finds nothing to act on (a broker fault
+aimed at a destroyed node) is logged as skipped and not counted. A migration that stops
+(a server away for a moment) is run again with ``--resume``, as an operator would.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """One scenario's processes and files: the servers, the worker slots, the relay.
 
 :class:`Cluster` holds the batch's servers (three RabbitMQ nodes, a Redis, a PostgreSQL when
-a scenario needs one, a TCP proxy in front of each); a :class:`Run` gives one scenario a
+a scenario needs one, a TCP proxy in front of each; a Sentinel-managed master and replica
+and the previous release's code when a scenario needs them); a :class:`Run` gives one scenario a
 fresh vhost, an empty Redis and a fresh database on them, its worker slots (:class:`Fleet`:
 ``celery worker`` subprocesses of :mod:`.app`) and, with the outbox, its relay
 (:mod:`.relay`). The publisher (:mod:`.publish`) and the nemesis (:mod:`.faults`) are handed

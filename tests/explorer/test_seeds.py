@@ -21,11 +21,11 @@ from tests.explorer.replay import replay
 CI_SEEDS = (1000, 1003, 1005, 1009, 1015, 1018)
 #: the draw's sixth version, a seed per kind it added (each under a minute): 96006 a
 #: Sentinel failover without wait_replicas after a 1.5 s replica lag; 96179 one with
-#: wait_replicas and a frozen replica; 96119 a worker with tracing off beside one of the
-#: previous release, upgraded during the run; 96127 a broker replaced by an empty node
-SIXTH_SEEDS = (96006, 96179, 96119, 96127)
+#: wait_replicas and a frozen replica; 96032 a worker with tracing off; 96046 a worker of
+#: the previous release, upgraded during the run; 96127 a broker replaced by an empty node
+SIXTH_SEEDS = (96006, 96179, 96032, 96046, 96127)
 #: more with --soak
-SOAK_SEEDS = (1002, 1004, 1013, 1016, *range(100, 140))
+SOAK_SEEDS = (1002, 1004, 1013, 1016, 96119, *range(100, 140))
 
 pytestmark = pytest.mark.explorer
 

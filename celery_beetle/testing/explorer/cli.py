@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
             scenario = draw(seed)
             print(f"-> {scenario.describe()}", flush=True)
-            outcome = run_scenario(cluster, scenario, base / f"seed-{seed}")
+            outcome = run_scenario(cluster, scenario, _fresh_dir(base, seed))
             outcomes.append(outcome)
             _progress(outcome, outcomes, started)
             if outcome.failed:
@@ -156,6 +156,16 @@ class _Report:
             write_report(self.path, self.rows, self.started_at)
         except Exception as exc:  # the page is a view: a soak goes on without it
             print(f"   report not written: {type(exc).__name__}: {exc}", flush=True)
+
+
+def _fresh_dir(base: Path, seed: int) -> Path:
+    """A directory of its own for a run of ``seed`` (a seed run twice keeps both runs'
+    files apart: the checker reads every trace and ledger file of its directory)."""
+    path, n = base / f"seed-{seed}", 1
+    while path.exists():
+        n += 1
+        path = base / f"seed-{seed}-{n}"
+    return path
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -24,8 +24,9 @@ def replay(cluster: Cluster, scenario: Scenario | str | int, base: Path) -> None
     if outcome.failed:
         lines = [f"{v}  <- {checker.finding(v, scenario)}" for v in outcome.violations[:20]]
         # the first violating message's story: readable where the run's files are not
-        lines += [f"timeline of {outcome.violations[0].key}:"]
-        lines += ["  " + row for row in timeline(outcome.base, outcome.violations[0].key)]
+        key = outcome.violations[0].key.rsplit("/", 1)[-1]  # the audit names queue/message
+        lines += [f"timeline of {key}:"]
+        lines += ["  " + row for row in timeline(outcome.base, key)]
         pytest.fail(
             f"{scenario.describe()}\n"
             + "\n".join(lines)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from celery_beetle.audit.naive import Verdict
 from celery_beetle.testing.explorer import allowed, checker
@@ -12,6 +13,7 @@ from celery_beetle.testing.explorer.allowed import GIVE_UP
 from celery_beetle.testing.explorer.ledger import note, read_dir
 from celery_beetle.testing.explorer.scenario import (
     FIFTH_FAULTS,
+    SIXTH_FAULTS,
     Fault,
     Item,
     Scenario,
@@ -409,6 +411,23 @@ def _fourth(item: Item) -> bool:
 
 #: the fifth version's settings (and ``Fault.bound``), left out of what earlier versions pin
 _FIFTH_SETTINGS = ("rabbit4", "consumer_timeout_ms")
+#: the sixth version's settings (and ``Fault.lag_s``), left out of what earlier versions pin
+_SIXTH_SETTINGS = ("sentinel", "wait_replicas", "untraced", "previous")
+
+
+def _before_sixth(scenario: Scenario) -> dict[str, Any]:
+    """``scenario`` as the fifth version drew it: without the sixth's settings and faults."""
+    from dataclasses import asdict
+
+    view = asdict(scenario)
+    for name in _SIXTH_SETTINGS:
+        del view["settings"][name]
+    view["faults"] = [
+        {k: v for k, v in asdict(f).items() if k != "lag_s"}
+        for f in scenario.faults
+        if f.kind not in SIXTH_FAULTS
+    ]
+    return view
 
 
 def _v3_digest(scenario: Scenario) -> str:
@@ -416,14 +435,14 @@ def _v3_digest(scenario: Scenario) -> str:
     import json
     from dataclasses import asdict
 
-    view = asdict(scenario)
+    view = _before_sixth(scenario)
     view["items"] = [asdict(i) for i in scenario.items if not _fourth(i)]
     for name in _FIFTH_SETTINGS:
         del view["settings"][name]
     view["faults"] = [
-        {k: v for k, v in asdict(f).items() if k != "bound"}
-        for f in scenario.faults
-        if f.kind not in FIFTH_FAULTS
+        {k: v for k, v in f.items() if k != "bound"}
+        for f in view["faults"]
+        if f["kind"] not in FIFTH_FAULTS
     ]
     return hashlib.sha256(json.dumps(view, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -457,16 +476,15 @@ def test_the_fifth_version_keeps_every_seeds_fourth_version_scenario():
     but the fifth version's settings and faults stays what it was."""
     import hashlib
     import json
-    from dataclasses import asdict
 
     def digest(scenario: Scenario) -> str:
-        view = asdict(scenario)
+        view = _before_sixth(scenario)
         for name in _FIFTH_SETTINGS:
             del view["settings"][name]
         view["faults"] = [
-            {k: v for k, v in asdict(f).items() if k != "bound"}
-            for f in scenario.faults
-            if f.kind not in FIFTH_FAULTS
+            {k: v for k, v in f.items() if k != "bound"}
+            for f in view["faults"]
+            if f["kind"] not in FIFTH_FAULTS
         ]
         return hashlib.sha256(json.dumps(view, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -815,3 +833,118 @@ def test_a_solo_plain_task_killed_mid_body_may_run_again_and_only_then():
     # elsewhere the ack went out as the body began; and a body that returned was acked
     assert judged("prefork", []) == ["plain_twice"]
     assert judged("solo", [(10.5, 99)]) == ["plain_twice"]
+
+
+def test_the_sixth_version_keeps_every_seeds_fifth_version_scenario():
+    """Pinned on the draw's fifth version (before the sixth was added): the whole scenario
+    but the sixth version's settings and faults stays what it was."""
+    import hashlib
+    import json
+
+    pinned = {
+        1000: "468305a47407a571",
+        1004: "00ae077642b0b9f7",
+        3022: "d1b91c433345c99c",
+        5000: "51dc87ddce7d21d4",
+        5071: "a0656e5be3183aa7",
+        90003: "3b2e95c17be21fe6",
+        95162: "0cc11ba8c5155bf5",
+    }
+
+    def digest(scenario: Scenario) -> str:
+        view = _before_sixth(scenario)
+        return hashlib.sha256(json.dumps(view, sort_keys=True).encode()).hexdigest()[:16]
+
+    assert {seed: digest(draw(seed)) for seed in pinned} == pinned
+
+
+def test_the_sixth_version_draws_sentinel_failovers_untraced_workers_and_empty_nodes():
+    scenarios = [draw(seed) for seed in range(400)]
+    sentinel = [s for s in scenarios if s.settings.sentinel]
+    assert 0.12 < len(sentinel) / len(scenarios) < 0.28
+    assert {s.settings.wait_replicas for s in sentinel} == {0, 1}
+    assert not any(s.settings.wait_replicas for s in scenarios if not s.settings.sentinel)
+    failovers = [f for s in sentinel for f in s.faults if f.kind == "redis_failover"]
+    assert len(failovers) > len(sentinel) / 2
+    assert {f.lag_s for f in failovers} == {0.0, 0.5, 1.5}
+    for s in scenarios:
+        kinds = {f.kind for f in s.faults}
+        if "redis_failover" in kinds or "replica_lag" in kinds:
+            assert s.settings.sentinel
+        if "replica_lag" in kinds:
+            assert s.settings.wait_replicas
+        if "broker_replace" in kinds:
+            assert not kinds & {"migrate", "broker_destroy", "queues_bound"}
+        if s.settings.untraced:
+            assert s.settings.workers >= 2
+        if s.settings.previous:
+            assert s.settings.workers >= 2 and "worker_upgrade" in kinds
+    assert any(s.settings.untraced for s in scenarios)
+    assert any(s.settings.previous for s in scenarios)
+    assert any(f.kind == "broker_replace" for s in scenarios for f in s.faults)
+
+
+def test_a_failover_without_wait_replicas_may_run_a_message_it_touched_again_and_nothing_else():
+    from celery_beetle.testing.explorer.ledger import Entry, Ledger
+
+    item = Item(0, "work", "ok")
+    ledger = Ledger({"k": Entry(starts=[(10.0, 5), (14.0, 6)], ends=[(10.2, 5), (14.2, 6)])})
+
+    def rules(failovers: list[tuple[float, float, bool]]) -> list[str]:
+        ev = _evidence("k", item, ledger=ledger, failovers=failovers)
+        ev.trace.completed["k"] = 2
+        return [v.rule for v in checker.judge(_scenario(Settings(), item), ev)]
+
+    assert rules([(10.5, 0.0, False)]) == []  # its completion was acknowledged unreplicated
+    assert rules([(12.0, 1.5, False)]) == []  # the replica lagged 1.5 s before the kill
+    assert rules([(10.5, 0.0, True)]) == ["starts", "ran_again"]  # wait_replicas: never
+    assert rules([(30.0, 0.5, False)]) == ["starts", "ran_again"]  # long after: never
+
+
+def test_with_tracing_off_a_message_is_completed_by_the_ledger_and_the_audit_not_asked(
+    tmp_path: Path,
+):
+    note(str(tmp_path), "start", "k", untraced=True)
+    note(str(tmp_path), "end", "k", untraced=True)
+    ledger = read_dir(tmp_path)
+    assert ledger.untraced_pids and checker.untraced_completions(ledger) == {"k"}
+    (tmp_path / "trace").mkdir()
+    trace = checker.read_trace(tmp_path / "trace", tmp_path)
+    assert trace.is_completed("k")
+    item = Item(0, "work", "ok")
+    counts = {"messages": 2, "lost": 1, "duplicated": 0, "unexpected": 1}
+    audit = Verdict(counts, {"lost": ["explore/k"], "unexpected": ["explore/kc"]})
+    ev = _evidence("k", item, ledger=ledger, trace=trace, audit=audit)
+    untraced = Scenario(1, Settings(workers=2, untraced=1), (item,), ())
+    assert checker.judge(untraced, ev) == []
+    traced = Scenario(1, Settings(workers=2), (item,), ())
+    assert [v.rule for v in checker.judge(traced, ev)] == ["audit", "audit"]
+
+
+def test_a_raw_message_on_a_broker_replaced_by_an_empty_node_may_be_gone():
+    item = Item(0, "bad", "undecodable")
+    ev = _evidence("k", item, replaced={0})
+    assert checker.judge(_scenario(Settings(brokers=2), item), ev) == []
+    ev = _evidence("k", item, replaced={1})
+    assert [v.rule for v in checker.judge(_scenario(Settings(brokers=2), item), ev)] == ["lost"]
+    plain = Item(0, "plain")
+    ev = _evidence("k", plain)
+    ev.faults["broker_replace"] = 1
+    assert checker.judge(_scenario(Settings(), plain), ev) == []
+
+
+def test_a_previous_release_that_is_not_a_commit_is_skipped_with_the_reason(tmp_path: Path):
+    from celery_beetle.testing.explorer.previous import checkout
+
+    root, said = checkout(tmp_path, "no-such-commit-here")
+    assert root is None
+    assert said.startswith("previous release 'no-such-commit-here' skipped: not a commit here")
+
+
+def test_an_empty_node_that_never_got_the_runs_queues_again_is_a_violation():
+    item = Item(0, "plain")
+    ev = _evidence("k", item, missing_queues={"127.0.0.1:5": ["explore"]})
+    ev.trace.completed["k"] = 1
+    ev.faults["broker_replace"] = 1
+    rules = [v.rule for v in checker.judge(_scenario(Settings(), item), ev)]
+    assert rules == ["redeclared"]

@@ -2,6 +2,7 @@
 servers, judged by the audit and an effect ledger; every failure replayable from its seed.
 
 - :mod:`.scenario`: a scenario drawn from a seed (workload, settings, faults);
+  :mod:`.previous`: the previous release a worker slot may run;
 - :mod:`.app`: the tasks the workers run; :mod:`.ledger`: what their bodies did;
 - :mod:`.run`: one scenario's servers, workers and relay; :mod:`.runner`: a run from
   start to verdict; :mod:`.faults`: the nemesis; :mod:`.publish`: the publisher;

@@ -20,9 +20,11 @@ __all__ = [
     "FIFTH_VERSION",
     "FOURTH_VERSION",
     "RULES",
+    "SIXTH_VERSION",
     "THIRD_VERSION",
     "Expectation",
     "expect",
+    "failover_may_rerun",
     "max_starts",
     "one_copy_may_be_lost",
 ]
@@ -65,6 +67,10 @@ RULES: dict[str, str] = {
     "often as it asks, no more)",
     "rolled_back_ran": 'outbox.md "The outbox": "committed: both run once. Rolled back: '
     'neither ever runs" (no start, no outcome)',
+    "redeclared": 'transport.md "What happens when a broker fails": a broker that comes back '
+    'has "its queues, bindings, QoS and consumers ... set up again" (an empty node in a '
+    "broker's place holds the run's queues again by the end: SIXTH_VERSION "
+    '"broker_replace")',
     "order": 'outbox.md "Per-key ordering": "tasks of one key are published one after '
     "another, each once the one before it was confirmed by the brokers, in the order of "
     'their ids" (the order they *run* in is not promised, and not judged)',
@@ -131,6 +137,31 @@ FIFTH_VERSION: dict[str, str] = {
     "gone (no outcome at all is still `lost`); a copy that expired beside one that "
     "completed is a surplus copy, not a second outcome",
 }
+
+#: what the sixth version's settings and faults allow, each from its doc
+SIXTH_VERSION: dict[str, str] = {
+    "redis_failover": 'limits.md "Redis failover": "Redis replicates asynchronously: after '
+    "a Sentinel failover the new master may lack the last claims and completions the old one "
+    'acknowledged, and those messages run again, unless `beetle_redis_wait_replicas` is set" '
+    "(so without it a message whose claim, start or completion the old master may have "
+    "acknowledged unreplicated may start again, up to `attempts` more, and complete twice; "
+    "with it nothing runs twice: every rule holds unchanged)",
+    "replica_lag": 'exactly-once.md "When Redis is unavailable or fails over": "With '
+    "`beetle_redis_wait_replicas = 1` a write that no replica acknowledged within a second "
+    'is treated like an unreachable Redis" (a frozen replica is a Redis outage: every rule '
+    "holds, and a completion that waited past its lease is excused as in any outage)",
+    "untraced": "tracing is an option (`beetle_trace_dir`): a worker without it decides as "
+    "any other; its messages are judged by the effect ledger (a body that returned, or "
+    "called `self.retry`, completed) and the brokers' dead letters, and the audit, which "
+    "reads the trace only, is not asked about them",
+    "broker_replace": 'transport.md "What happens when a broker fails": a BeetleTask has a '
+    "copy on two brokers, so a broker whose data is lost (an empty node in its place) loses "
+    "no BeetleTask; a message with one copy there may go with it, as with `broker_destroy`",
+}
+
+#: how long before a failover's kill (beyond the replica's drawn lag) a write the old master
+#: acknowledged may still be missing on its replica
+REPLICATION_SLACK_S = 1.0
 
 #: the outcomes RabbitMQ gives a message a queue bound (FIFTH_VERSION "queues_bound") took
 BOUNDED = frozenset({"dead:broker:expired", "dead:broker:maxlen"})
@@ -219,6 +250,28 @@ def plain_may_repeat(broker_faults: int) -> bool:
     held died to its clients, as on pyamqp: Celery acks a plain task before its body, and
     an ack on a connection being closed never reaches the broker."""
     return broker_faults > 0
+
+
+def failover_may_rerun(
+    starts: list[float],
+    ends: list[float],
+    failovers: list[tuple[float, float, bool]],
+    lease_s: float,
+) -> bool:
+    """SIXTH_VERSION "redis_failover": whether a failover without ``wait_replicas`` may
+    have lost this message's claim, start or completion. A write is at risk from the
+    replica's lag (``lag_s`` plus :data:`REPLICATION_SLACK_S`) before the kill until the
+    kill: a body that ended then (its completion), or began then or within a lease after
+    it (its claim, taken before the body, may have been lost with the master)."""
+    for killed, lag_s, waited in failovers:
+        if waited:
+            continue
+        since = killed - lag_s - REPLICATION_SLACK_S
+        if any(since <= ts <= killed for ts in ends):
+            return True
+        if any(since <= ts <= killed + lease_s for ts in starts):
+            return True
+    return False
 
 
 def one_copy_may_be_lost(brokers_destroyed: int) -> bool:

@@ -9,7 +9,8 @@ publisher builds the same app with :func:`make_app`. Environment:
   ``acks_late``...), ``EXPLORER_CONF``: JSON ``app.conf`` settings (prefetch, queue type);
 - ``EXPLORER_DB``: a PostgreSQL URL for ``ex.inbox`` (its ``explorer_effects`` table).
 
-Tasks (each writes ``start``/``end``/``fail`` to the ledger; the key is the task id):
+Tasks (each writes ``start``/``end``/``fail`` to the ledger; the key is the task id; a
+worker without ``EXPLORER_TRACE`` marks each line ``untraced``):
 
 - ``ex.work(mode, sleep_s)``: ``ok`` sleeps and returns; ``long`` sleeps half the lease;
   ``overrun`` sleeps 1.5 leases (prefork's hard limit ends it; other pools extend the lease);
@@ -90,25 +91,32 @@ def make_app(
     app.conf.update(conf or {})
     celery_beetle.install(app)
     options = {**(task_options or {}), "retry_on": (RuntimeError,)}
+    # a worker with tracing off says so on every ledger line: the checker then judges its
+    # messages by the ledger and the brokers alone
+    untraced = {} if trace_dir else {"untraced": True}
+
+    def mark(event: str, key: str, **fields: Any) -> None:
+        note(ledger_dir, event, key, **untraced, **fields)
+
     lease_s = float(options.get("timeout", 300))
 
     @app.task(base=BeetleTask, bind=True, name="ex.work", shared=False, **options)
     def work(self: Any, mode: str, sleep_s: float) -> str:
         key = str(self.request.id)
         earlier = len(read_dir(ledger_dir).entry(key).starts) if mode == "flaky" else 0
-        note(ledger_dir, "start", key, mode=mode)
+        mark("start", key, mode=mode)
         if mode == "long":
             sleep_s = lease_s / 2
         elif mode == "overrun":
             sleep_s = lease_s * 1.5
         time.sleep(sleep_s)
         if mode == "fail" or (mode == "flaky" and not earlier):
-            note(ledger_dir, "fail", key)
+            mark("fail", key)
             raise RuntimeError(f"{mode} body of {key} fails")
         if mode == "fatal":
-            note(ledger_dir, "fail", key)
+            mark("fail", key)
             raise KeyError(f"fatal body of {key}")
-        note(ledger_dir, "end", key)
+        mark("end", key)
         return key
 
     @app.task(base=BeetleTask, bind=True, name="ex.inbox", shared=False, **options)
@@ -118,16 +126,16 @@ def make_app(
         from celery_beetle.outbox import inbox
 
         key = str(self.request.id)
-        note(ledger_dir, "start", key)
+        mark("start", key)
         assert db_url, "ex.inbox needs EXPLORER_DB"
         with Session(_engine(db_url)) as session, session.begin():
             if not inbox.once(session, self.request):
-                note(ledger_dir, "end", key, skipped=True)
+                mark("end", key, skipped=True)
                 return key
             session.execute(sa.insert(EFFECTS), [{"key": key}])
-        note(ledger_dir, "committed", key)
+        mark("committed", key)
         time.sleep(sleep_s)
-        note(ledger_dir, "end", key)
+        mark("end", key)
         return key
 
     @app.task(
@@ -140,31 +148,31 @@ def make_app(
         from celery_beetle.task import message_id_for
 
         key = message_id_for(str(self.request.id), self.request.retries)
-        note(ledger_dir, "start", key)
+        mark("start", key)
         time.sleep(sleep_s)
         more = (self.request.retries or 0) < retries
         if more or past_max:
-            note(ledger_dir, "retry" if more else "fail", key)
+            mark("retry" if more else "fail", key)
             raise self.retry(countdown=retry_s or None, max_retries=retries)
-        note(ledger_dir, "end", key)
+        mark("end", key)
         return key
 
     @app.task(base=BeetleTask, bind=True, name="ex.join", shared=False, **options)
     def join(self: Any, results: list[str], expected: list[str]) -> str:
         key = str(self.request.id)
-        note(ledger_dir, "start", key)
+        mark("start", key)
         if sorted(results) != sorted(expected):
-            note(ledger_dir, "fail", key)
+            mark("fail", key)
             raise KeyError(f"chord body {key} got {sorted(results)}, not {sorted(expected)}")
-        note(ledger_dir, "end", key)
+        mark("end", key)
         return key
 
     @app.task(bind=True, name="ex.plain", shared=False)
     def plain(self: Any, sleep_s: float) -> str:
         key = str(self.request.id)
-        note(ledger_dir, "start", key)
+        mark("start", key)
         time.sleep(sleep_s)
-        note(ledger_dir, "end", key)
+        mark("end", key)
         return key
 
     return app

@@ -35,6 +35,16 @@ reason ``expired`` or ``maxlen`` (outcome ``dead:broker:<reason>``), and is then
 dead-lettered rather than lost (still: no more starts than allowed, no body that returned
 unkilled); such a dead letter beside another outcome is a surplus copy's. A message with no
 outcome and no dead letter is ``lost`` as ever. RabbitMQ 4's limits change no rule.
+
+The sixth version's (``allowed.SIXTH_VERSION``): after a Sentinel failover without
+``wait_replicas`` a message the old master may have written for shortly before the kill
+(:func:`allowed.failover_may_rerun`) may start again, up to ``attempts`` more, and complete
+twice; with ``wait_replicas`` nothing is excused. A worker with tracing off completes a
+message when its body returned (or called ``self.retry``) in one of its processes (the
+ledger says so), its dead letters are read from the brokers, and the audit's "lost" and
+"unexpected", which come from what the trace could not see, are not asked of its
+messages. A broker replaced by an empty node is a broker fault, and may take a message with
+one copy with it.
 """
 
 from __future__ import annotations
@@ -61,6 +71,7 @@ __all__ = [
     "chain_modes",
     "chord_body_key",
     "chords_may_fail",
+    "failover_reruns",
     "judge",
     "known",
     "link_key",
@@ -76,7 +87,9 @@ BEETLE_KINDS = ("work", "inbox", "chain", "retry", "group", "outbox", "scoped", 
 #: faults of the Redis process, which also holds the result backend of a run with chords
 BACKEND_FAULTS = ("redis_kill", "redis_refuse")
 DONE = naive.DONE_STATUS
-BROKER_FAULTS = ("broker_kill", "broker_freeze")
+BROKER_FAULTS = ("broker_kill", "broker_freeze", "broker_replace")
+#: faults that may take a message with one copy with the broker that held it
+ONE_COPY_FAULTS = ("broker_destroy", "broker_replace")
 #: a candidate rule, judged over the whole run (:func:`_tolerate_start_window`)
 START_WINDOW = "dead_start_window"
 #: faults that end a client's connection to a broker while the broker lives on: to the
@@ -108,13 +121,38 @@ class Trace:
     seen_completed: set[str] = field(default_factory=set)
     #: per message id, when its first confirmed ``published`` event was written (ms)
     first_published_ms: dict[str, int] = field(default_factory=dict)
+    #: (sixth version) messages a worker with tracing off completed, by the ledger: a body
+    #: that returned (or called ``self.retry``) in one of its processes
+    ledger_completed: set[str] = field(default_factory=set)
 
     def is_completed(self, task_id: str) -> bool:
-        return bool(self.completed[task_id]) or task_id in self.seen_completed
+        return (
+            bool(self.completed[task_id])
+            or task_id in self.seen_completed
+            or task_id in self.ledger_completed
+        )
 
 
-def read_trace(trace_dir: Path) -> Trace:
+def untraced_completions(ledger: Ledger) -> set[str]:
+    """The messages whose body returned, or called ``self.retry``, in a process of a worker
+    with tracing off: completed, as far as the effect ledger can tell (a kill before the
+    completion was stored is judged as ever, by the ledger's starts)."""
+    pids = ledger.untraced_pids
+    return {
+        key
+        for key, entry in ledger.items()
+        if any(pid in pids for _ts, pid in [*entry.ends, *entry.retried])
+    }
+
+
+def read_trace(trace_dir: Path, ledger_dir: Path | None = None) -> Trace:
+    """The trace's outcomes; with ``ledger_dir`` (a fleet with tracing off in part) also
+    what the ledger says the untraced workers completed."""
     trace = Trace()
+    if ledger_dir is not None:
+        from celery_beetle.testing.explorer.ledger import read_dir
+
+        trace.ledger_completed = untraced_completions(read_dir(ledger_dir))
     by_message: dict[str, str] = {}
     replays: list[str] = []
     for path in naive.expand([trace_dir]):
@@ -151,8 +189,8 @@ def read_trace(trace_dir: Path) -> Trace:
                 when = int(rec.get("ts_ms") or 0) / 1000
                 trace.first_dead_s[task_id] = min(when, trace.first_dead_s.get(task_id, when))
     for message_id in replays:
-        if message_id in by_message:
-            trace.replays[by_message[message_id]] += 1
+        # a message only an untraced worker ran is known by its message id alone
+        trace.replays[by_message.get(message_id, message_id)] += 1
     return trace
 
 
@@ -180,6 +218,13 @@ class Evidence:
     rolled_back: set[str] = field(default_factory=set)
     #: indexes of the brokers destroyed for good during the run
     destroyed: set[int] = field(default_factory=set)
+    #: (sixth version) indexes of the brokers replaced by an empty node during the run
+    replaced: set[int] = field(default_factory=set)
+    #: (sixth version) per Sentinel failover: (when the master was killed, the replica's
+    #: lag before it, whether writes waited for a replica)
+    failovers: list[tuple[float, float, bool]] = field(default_factory=list)
+    #: (sixth version) per broker replaced by an empty node, the run's queues it lacks
+    missing_queues: dict[str, list[str]] = field(default_factory=dict)
 
 
 def second_key(key: str) -> str:
@@ -307,17 +352,21 @@ def _judge_beetle(scenario: Scenario, key: str, item: Item, ev: Evidence) -> lis
     if not outcomes:
         breach("lost", f"no outcome; {starts} start(s), still unresolved={key in ev.unresolved}")
         return found
+    # the old master's unreplicated writes lost with it (SIXTH_VERSION "redis_failover")
+    rerun = _failover_may_rerun(key, ev, settings.timeout_s)
     bounded = outcomes & allowed.BOUNDED if ev.faults["queues_bound"] else set()
     if bounded and outcomes - bounded:
         outcomes -= bounded  # a surplus copy expired or overflowed beside the outcome
     elif bounded:
         return _judge_bounded(scenario, key, item, ev, sorted(bounded))
-    if starts > allowed.max_starts(settings, replays, inbox=item.kind == "inbox"):
+    most = allowed.max_starts(settings, replays, inbox=item.kind == "inbox") * (2 if rerun else 1)
+    if starts > most:
         breach("starts", f"{starts} body starts with attempts={settings.attempts}")
     returned = _returned(entry, ev, settings.timeout_s)
-    if returned and not replays and any(ts > returned[0][0] for ts, _ in entry.starts):
+    again = any(ts > returned[0][0] for ts, _ in entry.starts) if returned else False
+    if again and not replays and not rerun:
         breach("ran_again", f"started again after a body returned at {returned[0][0]:.2f}")
-    if "completed" in outcomes and len(outcomes) > 1 and not replays:
+    if "completed" in outcomes and len(outcomes) > 1 and not replays and not rerun:
         breach("both", f"completed and dead-lettered: {sorted(outcomes)}")
     first = min(entry.starts, default=None)
     killed_first = first is not None and _killed_after(first[0], first[1], ev.kills)
@@ -356,6 +405,47 @@ def _judge_beetle(scenario: Scenario, key: str, item: Item, ev: Evidence) -> lis
         if ev.effects[key] and any(o.startswith("dead:") for o in outcomes):
             breach("inbox_committed_dead", f"effect committed, but dead-lettered: {outcomes}")
     return found
+
+
+def _failover_may_rerun(key: str, ev: Evidence, lease_s: float) -> bool:
+    entry = ev.ledger.entry(key)
+    starts, ends = [ts for ts, _ in entry.starts], [ts for ts, _ in entry.ends]
+    return allowed.failover_may_rerun(starts, ends, ev.failovers, lease_s)
+
+
+def failover_reruns(scenario: Scenario, ev: Evidence) -> list[str]:
+    """The messages that started again after a body returned and that a failover without
+    ``wait_replicas`` excused (for the run's notes: what the failover cost)."""
+    found = []
+    for key, entry in sorted(ev.ledger.items()):
+        ends = sorted(ts for ts, _ in entry.ends)
+        again = bool(ends) and any(ts > ends[0] for ts, _ in entry.starts)
+        if again and _failover_may_rerun(key, ev, scenario.settings.timeout_s):
+            found.append(key)
+    return found
+
+
+def _excused_by_the_audits_blind_spot(
+    verdict: str, ident: str, scenario: Scenario, ev: Evidence
+) -> bool:
+    """Whether the audit's verdict on ``<queue>/<message id>`` comes from what the trace
+    cannot see, and the message is judged by the ledger and the brokers instead: a message
+    RabbitMQ dead-lettered under a queue bound ("lost": no end in the trace); with tracing
+    off in part of the fleet, one an untraced worker ran or dead-lettered ("lost") or
+    published (a chain's link, a retry: "unexpected", its publish untraced); a message a
+    failover without ``wait_replicas`` may have run twice ("duplicated")."""
+    key = ident.rsplit("/", 1)[-1]
+    if verdict == "lost" and _dead_by_broker(ident, ev):
+        return True
+    if scenario.settings.untraced:
+        entry = ev.ledger.entry(key)
+        pids = ev.ledger.untraced_pids
+        untraced = any(pid in pids for _ts, pid in entry.starts) or bool(ev.dead_letters.get(key))
+        if verdict == "lost" and untraced:
+            return True
+        if verdict == "unexpected" and key not in ev.confirmed:
+            return True
+    return verdict == "duplicated" and _failover_may_rerun(key, ev, scenario.settings.timeout_s)
 
 
 def _dead_by_broker(ident: str, ev: Evidence) -> bool:
@@ -488,7 +578,9 @@ def _judge_plain(scenario: Scenario, key: str, ev: Evidence) -> list[Violation]:
     entry = ev.ledger.entry(key)
     kills = sum(ev.faults[k] for k in (*WORKER_KILLS, "worker_term"))
     broker_faults = sum(ev.faults[k] for k in BROKER_FAULTS)
-    if not entry.starts and allowed.one_copy_may_be_lost(ev.faults["broker_destroy"]):
+    if not entry.starts and allowed.one_copy_may_be_lost(
+        sum(ev.faults[k] for k in ONE_COPY_FAULTS)
+    ):
         return []
     if ev.faults["queues_bound"] and by_broker(ev.dead_letters.get(key, set())):
         return []  # expired or overflowed before a worker took it: dead-lettered, not lost
@@ -521,8 +613,8 @@ def judge(scenario: Scenario, ev: Evidence) -> list[Violation]:
     counts = ev.audit.counts
     for verdict in ("lost", "duplicated", "unexpected"):
         for ident in ev.audit.ids.get(verdict, []):
-            if verdict == "lost" and _dead_by_broker(ident, ev):
-                continue  # the trace never sees RabbitMQ's dead letters: judged below
+            if _excused_by_the_audits_blind_spot(verdict, ident, scenario, ev):
+                continue  # judged below, by the ledger and the brokers
             found.append(Violation("audit", ident, f"the audit says {verdict}"))
     if counts.get("malformed_lines"):
         found.append(Violation("audit", "-", f"{counts['malformed_lines']} malformed lines"))
@@ -546,6 +638,8 @@ def judge(scenario: Scenario, ev: Evidence) -> list[Violation]:
         found += _judge_rolled_back(key, ev)
     found += _judge_order(ev)
     found = _tolerate_start_window(found, ev)
+    for broker, queues in sorted(ev.missing_queues.items()):
+        found.append(Violation("redeclared", broker, f"an empty node never got {queues}"))
     for queue, keys in sorted(ev.leftover.items()):
         # a surplus copy of a message that has its outcome is explained: the next worker
         # drops it as a duplicate; anything else is not
@@ -557,9 +651,11 @@ def judge(scenario: Scenario, ev: Evidence) -> list[Violation]:
 
 def _on_a_destroyed_broker(scenario: Scenario, item: Item, key: str, ev: Evidence) -> bool:
     """A raw message has one copy, on broker ``index % brokers``: gone with that broker,
-    when it was destroyed for good before anyone took it (no outcome at all)."""
+    when it was destroyed for good or replaced by an empty node before anyone took it (no
+    outcome at all)."""
     node = item.index % scenario.settings.brokers
-    return node in ev.destroyed and allowed.one_copy_may_be_lost(1) and not _outcomes(key, ev)
+    gone = node in ev.destroyed | ev.replaced
+    return gone and allowed.one_copy_may_be_lost(1) and not _outcomes(key, ev)
 
 
 def _tolerate_start_window(found: list[Violation], ev: Evidence) -> list[Violation]:

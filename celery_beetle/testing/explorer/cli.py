@@ -50,6 +50,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep every run's files")
     p.add_argument("--dir", default=None, help="where runs' files go (default: a temp dir)")
     p.add_argument("--report", default=None, help="the soak's page (default: DIR/report.html)")
+    p.add_argument(
+        "--previous", default=None, help="the previous release's commit (default: HEAD~20)"
+    )
     return p.parse_args(argv)
 
 
@@ -68,6 +71,10 @@ def _seeds(args: argparse.Namespace) -> Iterator[int]:
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     os.environ.setdefault("BEETLE_TEST_SERVERS", "local")
+    if args.previous:
+        from celery_beetle.testing.explorer.previous import ENV
+
+        os.environ[ENV] = args.previous
     signal.signal(signal.SIGTERM, _interrupt)  # stopped like Ctrl-C: every process cleaned up
     base = Path(args.dir or tempfile.mkdtemp(prefix="beetle-explore-"))
     base.mkdir(parents=True, exist_ok=True)
@@ -89,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
             scenario = draw(seed)
             print(f"-> {scenario.describe()}", flush=True)
-            outcome = run_scenario(cluster, scenario, base / f"seed-{seed}")
+            outcome = run_scenario(cluster, scenario, _fresh_dir(base, seed))
             outcomes.append(outcome)
             _progress(outcome, outcomes, started)
             if outcome.failed:
@@ -149,6 +156,16 @@ class _Report:
             write_report(self.path, self.rows, self.started_at)
         except Exception as exc:  # the page is a view: a soak goes on without it
             print(f"   report not written: {type(exc).__name__}: {exc}", flush=True)
+
+
+def _fresh_dir(base: Path, seed: int) -> Path:
+    """A directory of its own for a run of ``seed`` (a seed run twice keeps both runs'
+    files apart: the checker reads every trace and ledger file of its directory)."""
+    path, n = base / f"seed-{seed}", 1
+    while path.exists():
+        n += 1
+        path = base / f"seed-{seed}-{n}"
+    return path
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -18,8 +18,12 @@ the run reaches, a day's TTL and a million messages, to the run's queues on ever
 and ``latency`` (``delay_ms`` added each way on one broker's link, or Redis's, through the
 proxy, for ``duration_s``). The fifth version's ``queues_bound``: ``beetle queues apply``
 of a small TTL or max-length on the run's queues for ``duration_s``, then the generous ones.
-A fault that finds nothing to act on (a broker fault aimed at a
-destroyed node) is logged as skipped and not counted.
+The sixth version's: ``redis_failover``, ``replica_lag``, ``broker_replace`` and
+``worker_upgrade``; in a scenario whose store is a Sentinel's, ``redis_kill`` and the Redis
+link's faults are skipped (the clients reach its nodes directly) and ``redis_refuse`` and
+``script_flush`` act on its master. A fault that finds nothing to act on (a broker fault
+aimed at a destroyed node) is logged as skipped and not counted. A migration that stops
+(a server away for a moment) is run again with ``--resume``, as an operator would.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -44,6 +49,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Nemesis"]
 
+#: how many times the operator runs a migration that stopped again (``--resume``)
+MIGRATE_RESUMES = 3
 #: bounds no run reaches: a day's TTL, a million messages per queue
 GENEROUS = {"message_ttl_ms": 86_400_000, "max_length": 1_000_000}
 
@@ -64,6 +71,11 @@ class Nemesis(threading.Thread):
         self.errors: list[str] = []
         self.stopping = threading.Event()
         self.helpers: list[subprocess.Popen[bytes]] = []  # migrate / replay commands
+        #: (sixth version) per Sentinel failover: when the master was killed, how long its
+        #: replica had been cut off before, whether writes waited for a replica
+        self.failovers: list[tuple[float, float, bool]] = []
+        #: threads that resume a migration that stopped (:meth:`_resume_migration`)
+        self.operators: list[threading.Thread] = []
 
     def run(self) -> None:
         for fault in self.run_.scenario.faults:
@@ -76,6 +88,8 @@ class Nemesis(threading.Thread):
                     applied = handler(fault.target, fault.duration_s, fault.delay_ms)
                 elif fault.kind == "queues_bound":
                     applied = handler(fault.target, fault.duration_s, fault.bound)
+                elif fault.kind == "redis_failover":
+                    applied = handler(fault.duration_s, fault.lag_s)
                 else:
                     applied = handler(fault.target, fault.duration_s)
                 when = f"{time.monotonic() - self.run_.started:6.1f}s"
@@ -112,6 +126,20 @@ class Nemesis(threading.Thread):
         worker.stop(timeout=self.run_.scenario.settings.timeout_s * 2 + 10)
         self.stopping.wait(duration_s)
         fleet.start(slot)
+
+    def _worker_upgrade(self, target: int, duration_s: float) -> bool:
+        """The previous release's worker stopped warmly, the current code started in its
+        slot: a rolling deploy's step."""
+        fleet = self.run_.fleet
+        slot = fleet.previous_slot
+        if slot is None:
+            return False
+        fleet.previous_slot = None
+        worker = fleet.slots[slot]
+        if worker is not None and worker.alive():
+            worker.stop(timeout=self.run_.scenario.settings.timeout_s * 2 + 10)
+        fleet.start(slot)
+        return True
 
     def _pool_kill(self, target: int, duration_s: float) -> None:
         worker = self.run_.fleet.slots[target % len(self.run_.fleet.slots)]
@@ -161,22 +189,97 @@ class Nemesis(threading.Thread):
         run.nodes[n].kill()
         return True
 
-    def _redis_kill(self, target: int, duration_s: float) -> None:
+    def _redis(self) -> Any:
+        """The Redis the dedup store writes to: the batch's, or the Sentinel's master now."""
+        sentinel = self.run_.sentinel
+        return sentinel.master() if sentinel is not None else self.run_.cluster.redis
+
+    def _redis_kill(self, target: int, duration_s: float) -> bool:
+        if self.run_.sentinel is not None:
+            # a master without persistence restarted before its Sentinel noticed comes back
+            # empty and its replica copies that: a data loss no setting guards against;
+            # the Sentinel's kill is ``redis_failover``
+            return False
         began = time.time()
         self.run_.cluster.redis.kill()
         self.stopping.wait(duration_s)
         self.run_.cluster.redis.start()
         self.redis_outages.append((began, time.time()))
+        return True
 
     def _redis_refuse(self, target: int, duration_s: float) -> None:
         began = time.time()
-        with refusing_writes(self.run_.cluster.redis):
+        with refusing_writes(self._redis()):
             self.stopping.wait(duration_s)
         self.redis_outages.append((began, time.time()))
 
     def _script_flush(self, target: int, duration_s: float) -> None:
-        with self.run_.cluster.redis.client() as client:
+        with self._redis().client() as client:
             client.script_flush()
+
+    # -- the sixth version: a Sentinel failover, a lagging replica, an empty broker ----------
+
+    def _redis_failover(self, duration_s: float, lag_s: float) -> bool:
+        """The Sentinel's master killed -9 (its replica first cut off for ``lag_s`` while
+        the master acknowledges writes), the replica promoted, and the old master back as a
+        replica ``duration_s`` after the promotion. Redis cannot store for the whole of it
+        with ``wait_replicas`` (no replica until the old master is back), until the
+        promotion without."""
+        run = self.run_
+        sentinel = run.sentinel
+        if sentinel is None:
+            return False
+        waited = bool(run.scenario.settings.wait_replicas)
+        began = time.time()
+        old = sentinel.kill_master(unreplicated_s=lag_s)
+        killed = time.time()
+        self.failovers.append((killed, lag_s, waited))
+        sentinel.wait_failover(old)
+        promoted = time.time()
+        self.stopping.wait(duration_s)
+        sentinel.rejoin(old)
+        self.redis_outages.append(
+            (began if waited else killed, time.time() if waited else promoted)
+        )
+        return True
+
+    def _replica_lag(self, target: int, duration_s: float) -> bool:
+        """The replica frozen (SIGSTOP) for ``duration_s``: with ``wait_replicas`` no write
+        is acknowledged meanwhile, and the store treats Redis as unreachable."""
+        sentinel = self.run_.sentinel
+        if sentinel is None:
+            return False
+        replica = sentinel.replica()
+        began = time.time()
+        replica.pause()
+        self.stopping.wait(duration_s)
+        replica.resume()
+        if self.run_.scenario.settings.wait_replicas:
+            self.redis_outages.append((began, time.time()))
+        return True
+
+    def _broker_replace(self, target: int, duration_s: float) -> bool:
+        """A broker killed -9 and its data wiped; ``duration_s`` later an empty node starts
+        on its port, and the operator recreates the run's vhost (and RabbitMQ 4's limits) as
+        a definitions import would. The workers and publishers declare the queues again;
+        what the old node held is gone, and each BeetleTask's copy on another broker must
+        run once."""
+        run = self.run_
+        n = target % len(run.nodes)
+        if n in run.destroyed:
+            return False
+        node = run.nodes[n]
+        if node.is_paused:
+            node.resume()
+        node.kill()
+        run.replaced.add(n)
+        shutil.rmtree(node.base_dir / "mnesia", ignore_errors=True)
+        self.stopping.wait(duration_s)
+        node.start()
+        node.create_vhost(run.vhost)
+        if run.scenario.settings.rabbit4:
+            run.limit(node)
+        return True
 
     # -- the network (a TCP proxy in front of each server) ----------------------------------
 
@@ -205,17 +308,22 @@ class Nemesis(threading.Thread):
         self.stopping.wait(duration_s)
         proxy.restore()
 
-    def _latency(self, target: int, duration_s: float, delay_ms: int) -> None:
+    def _latency(self, target: int, duration_s: float, delay_ms: int) -> bool:
         """``delay_ms`` more each way on one link: a broker's (``target`` below the number
         of brokers) or Redis's; restored after ``duration_s``."""
         run = self.run_
+        if target >= len(run.proxies) and run.sentinel is not None:
+            return False  # a Sentinel hands out its master's own address: no proxy between
         proxy = run.proxies[target] if target < len(run.proxies) else run.cluster.redis_proxy
         assert proxy is not None
         proxy.delay(delay_ms)
         self.stopping.wait(duration_s)
         proxy.restore()
+        return True
 
-    def _redis_partition(self, target: int, duration_s: float) -> None:
+    def _redis_partition(self, target: int, duration_s: float) -> bool:
+        if self.run_.sentinel is not None:
+            return False  # no proxy in front of a Sentinel's nodes
         proxy = self.run_.cluster.redis_proxy
         assert proxy is not None
         began = time.time()
@@ -223,9 +331,12 @@ class Nemesis(threading.Thread):
         self.stopping.wait(duration_s)
         proxy.restore()
         self.redis_outages.append((began, time.time()))
+        return True
 
-    def _redis_held_replies(self, target: int, duration_s: float) -> None:
+    def _redis_held_replies(self, target: int, duration_s: float) -> bool:
         """Redis applies the scripts; the replies are held (a claim whose reply was lost)."""
+        if self.run_.sentinel is not None:
+            return False
         proxy = self.run_.cluster.redis_proxy
         assert proxy is not None
         began = time.time()
@@ -233,15 +344,17 @@ class Nemesis(threading.Thread):
         self.stopping.wait(duration_s)
         proxy.restore()
         self.redis_outages.append((began, time.time()))
+        return True
 
     # -- operators' commands -----------------------------------------------------------------
 
-    def _beetle(self, name: str, *args: str) -> None:
+    def _beetle(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         command = [sys.executable, "-c", "from celery_beetle.cli import main; main()", *args]
         log = Path(self.run_.base / f"{name}.log")
         with log.open("ab") as out:
             proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
         self.helpers.append(proc)
+        return proc
 
     def _migrate(self, target: int, duration_s: float) -> None:
         run = self.run_
@@ -251,7 +364,24 @@ class Nemesis(threading.Thread):
         for node, proxy in zip(run.nodes, run.proxies, strict=True):
             api = f"http://{node.host}:{node.management_port}"
             args += ["--management-url", f"{proxy.host_port}={api}"]
-        self._beetle("migrate", *args)
+        proc = self._beetle("migrate", *args)
+        operator = threading.Thread(target=self._resume_migration, args=(proc, args), daemon=True)
+        operator.start()
+        self.operators.append(operator)
+
+    def _resume_migration(self, proc: subprocess.Popen[bytes], args: list[str]) -> None:
+        """The operator's part when a migration stops (a broker or the store away for a
+        moment, a Sentinel failing over): operations.md says to run it again with
+        ``--resume``, and the workers hold the queue handed back until then. A few times,
+        seconds apart; one that never began is run again from the start."""
+        log = self.run_.base / "migrate.log"
+        for _ in range(MIGRATE_RESUMES):
+            code = proc.wait()
+            if code == 0 or self.stopping.wait(3):
+                return
+            never_began = "no migration of" in log.read_text(errors="replace")[-2000:]
+            self.log.append(f"queues migrate: exit {code}, run again")
+            proc = self._beetle("migrate", *args, *([] if never_began else ["--resume"]))
 
     def _queues_apply(self, target: int, duration_s: float) -> None:
         """``beetle queues apply`` of policies that bound nothing the run reaches: a day's
@@ -282,8 +412,7 @@ class Nemesis(threading.Thread):
 
     def _apply_now(self, bounds: dict[str, int]) -> None:
         """``beetle queues apply`` of ``bounds``, waited for (bounded: 60 s)."""
-        self._beetle("queues_bound", *self._apply_args(bounds))
-        proc = self.helpers[-1]
+        proc = self._beetle("queues_bound", *self._apply_args(bounds))
         try:
             proc.wait(60)
         except subprocess.TimeoutExpired:
@@ -315,6 +444,8 @@ class Nemesis(threading.Thread):
         if self.is_alive():
             self.stopping.set()
             self.join(30)
+        for operator in self.operators:
+            operator.join(120)
         deadline = time.monotonic() + 60
         for proc in self.helpers:
             try:

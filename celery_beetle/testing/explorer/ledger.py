@@ -5,7 +5,8 @@ appends JSON lines to a file of its own process (``ledger-<pid>.jsonl``, opened 
 ``O_APPEND`` and written with one ``write`` per line, so a SIGKILL leaves whole lines):
 ``start`` when the body begins, ``committed`` when an inbox body's transaction committed,
 ``end`` when it returns, ``fail`` when it raises, ``retry`` before it calls ``self.retry``
-(not an end: the retry's publish may still fail). The checker counts starts per message
+(not an end: the retry's publish may still fail); a body in a worker with tracing off marks
+each line ``untraced``. The checker counts starts per message
 against ``attempts`` ("how many times a message may start") and asks, for every dead letter,
 whether the bodies it blames ever began.
 """
@@ -47,9 +48,15 @@ class Entry:
 
 
 class Ledger(dict[str, Entry]):
-    """``key -> Entry``; :attr:`malformed` counts lines that did not parse (a torn write)."""
+    """``key -> Entry``; :attr:`malformed` counts lines that did not parse (a torn write),
+    :attr:`untraced_pids` the processes of workers with tracing off (lines marked
+    ``untraced``)."""
 
     malformed: int = 0
+
+    def __init__(self, entries: dict[str, Entry] | None = None) -> None:
+        super().__init__(entries or {})
+        self.untraced_pids: set[int] = set()
 
     def entry(self, key: str) -> Entry:
         return self.get(key) or Entry()
@@ -67,6 +74,8 @@ def read(paths: Iterable[Path]) -> Ledger:
             except (ValueError, KeyError, TypeError):
                 ledger.malformed += 1
                 continue
+            if rec.get("untraced"):
+                ledger.untraced_pids.add(pid)
             e = ledger.setdefault(key, Entry())
             if event == "start":
                 e.starts.append((ts, pid))

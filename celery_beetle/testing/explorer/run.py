@@ -1,7 +1,8 @@
 """One scenario's processes and files: the servers, the worker slots, the relay.
 
 :class:`Cluster` holds the batch's servers (three RabbitMQ nodes, a Redis, a PostgreSQL when
-a scenario needs one, a TCP proxy in front of each); a :class:`Run` gives one scenario a
+a scenario needs one, a TCP proxy in front of each; a Sentinel-managed master and replica
+and the previous release's code when a scenario needs them); a :class:`Run` gives one scenario a
 fresh vhost, an empty Redis and a fresh database on them, its worker slots (:class:`Fleet`:
 ``celery worker`` subprocesses of :mod:`.app`) and, with the outbox, its relay
 (:mod:`.relay`). The publisher (:mod:`.publish`) and the nemesis (:mod:`.faults`) are handed
@@ -31,6 +32,7 @@ from celery_beetle.testing.explorer.scenario import (
 from celery_beetle.testing.proxy import TcpProxy
 from celery_beetle.testing.rabbit import RabbitNode, beetle_url, start_all
 from celery_beetle.testing.redis_server import RedisServer
+from celery_beetle.testing.sentinel import SentinelSet
 from celery_beetle.testing.worker import WorkerProcess
 
 __all__ = ["FAST", "QUEUE", "Cluster", "Fleet", "Run"]
@@ -61,6 +63,10 @@ class Cluster:
         self.redis_proxy: TcpProxy | None = None
         #: whether a scenario lowered the nodes' ``consumer_timeout`` (put back by :meth:`fresh`)
         self.lowered = False
+        #: a Sentinel-managed master and replica, started for the first scenario that needs it
+        self.sentinel: SentinelSet | None = None
+        #: the previous release's directory (or None) and what to say of it, found once
+        self._previous: tuple[Path | None, str] | None = None
 
     def start(self) -> Cluster:
         start_all(self.nodes)
@@ -73,6 +79,21 @@ class Cluster:
     def redis_url(self) -> str:
         assert self.redis_proxy is not None
         return f"redis://{self.redis_proxy.host_port}/0"
+
+    def sentinels(self) -> SentinelSet:
+        """The batch's Sentinel set (a master, a replica, a Sentinel), started once."""
+        if self.sentinel is None:
+            self.sentinel = SentinelSet(self.base / "sentinel")
+            self.sentinel.start()
+        return self.sentinel
+
+    def previous_release(self) -> tuple[Path | None, str]:
+        """The previous release's code for a worker slot (:mod:`.previous`), once a batch."""
+        if self._previous is None:
+            from celery_beetle.testing.explorer.previous import checkout
+
+            self._previous = checkout(self.base)
+        return self._previous
 
     def postgres(self) -> Any:
         if self.pg is None:
@@ -104,6 +125,8 @@ class Cluster:
             self.redis.start()
         with self.redis.client() as client:
             client.config_set("maxmemory", 0)
+        if self.sentinel is not None:
+            self.sentinel.heal()
 
     def fresh(self) -> str:
         """A vhost of its own on every node and an empty Redis, for the next scenario."""
@@ -122,6 +145,9 @@ class Cluster:
         self._vhosts = [vhost]
         with self.redis.client() as client:
             client.flushall()
+        if self.sentinel is not None:
+            with self.sentinel.master().client() as client:
+                client.flushall()
         return vhost
 
     def close(self) -> None:
@@ -134,6 +160,9 @@ class Cluster:
                 node.kill()
         with contextlib.suppress(Exception):
             self.redis.kill()
+        if self.sentinel is not None:
+            with contextlib.suppress(Exception):
+                self.sentinel.stop()
         if self.pg is not None:
             with contextlib.suppress(Exception):
                 self.pg.kill()
@@ -151,6 +180,8 @@ class Fleet:
             **run.app_conf,
         }
         self.slots: list[WorkerProcess | None] = [None] * run.scenario.settings.workers
+        #: the slot that runs the previous release until ``worker_upgrade`` (None: none)
+        self.previous_slot = len(self.slots) - 1 if run.previous_root else None
         self.every: list[WorkerProcess] = []
         self._lock = threading.Lock()
 
@@ -161,12 +192,12 @@ class Fleet:
         worker = WorkerProcess(
             "celery_beetle.testing.explorer.app",
             run.base / f"worker{n}.log",
-            run.env(self.conf),
+            run.env(self.conf, traced=slot >= settings.untraced),
             pool=settings.pool,
             concurrency=settings.concurrency,
             queue=",".join(run.queues),
             name=f"ex{slot}",
-            root=ROOT,
+            root=run.previous_root if slot == self.previous_slot else ROOT,
         )
         with self._lock:
             self.every.append(worker)
@@ -203,7 +234,9 @@ class Run:
         self.proxies = cluster.proxies[: scenario.settings.brokers]
         self.vhost = cluster.fresh()
         self.url = beetle_url([p.host_port for p in self.proxies], self.vhost)
-        self.redis_url = cluster.redis_url
+        #: the dedup store: the batch's Redis through its proxy, or a Sentinel-managed master
+        self.sentinel = cluster.sentinels() if scenario.settings.sentinel else None
+        self.redis_url = self.sentinel.url if self.sentinel else cluster.redis_url
         self.db_url: str | None = None
         if scenario.settings.inbox or scenario.settings.outbox:
             self.db_url = _new_database(cluster.postgres())
@@ -219,12 +252,22 @@ class Run:
             # process faults reach it), straight, not through the dedup store's proxy
             redis = cluster.redis
             self.app_conf["result_backend"] = f"redis://{redis.host}:{redis.port}/1"
+        if scenario.settings.wait_replicas:
+            self.app_conf["beetle_redis_wait_replicas"] = scenario.settings.wait_replicas
         if scenario.settings.rabbit4:
             self.app_conf["task_default_queue_type"] = "quorum"
             for node in self.nodes:
                 self.limit(node)
         #: indexes (into ``nodes``) of brokers destroyed for good in this run
         self.destroyed: set[int] = set()
+        #: indexes of brokers replaced by an empty node in this run (what they held is gone)
+        self.replaced: set[int] = set()
+        #: what the run says beside its verdict (the previous release it ran, or why not)
+        self.notes: list[str] = []
+        self.previous_root: Path | None = None
+        if scenario.settings.previous:
+            self.previous_root, said = cluster.previous_release()
+            self.notes.append(said)
         #: an outbox row's id is its task id, a UUID (the outbox's own time-ordered kind,
         #: made in the order of the enqueues, so a key's rows are published in that order)
         from celery_beetle.outbox.ids import new_id
@@ -237,13 +280,14 @@ class Run:
         )
         self.started = time.monotonic()
 
-    def env(self, conf: dict[str, Any] | None = None) -> dict[str, str]:
-        """The environment :mod:`.app` is configured from (workers, the relay)."""
+    def env(self, conf: dict[str, Any] | None = None, *, traced: bool = True) -> dict[str, str]:
+        """The environment :mod:`.app` is configured from (workers, the relay); ``traced``
+        False: a worker with tracing off."""
         return {
             "EXPLORER_URL": self.url,
             "EXPLORER_REDIS": self.redis_url,
             "EXPLORER_QUEUE": self.queue,
-            "EXPLORER_TRACE": str(self.trace),
+            "EXPLORER_TRACE": str(self.trace) if traced else "",
             "EXPLORER_LEDGER": str(self.ledger),
             "EXPLORER_TASK": json.dumps(self.scenario.settings.task_options()),
             "EXPLORER_CONF": json.dumps(self.fleet.conf if conf is None else conf),
@@ -293,8 +337,12 @@ class Run:
         self, trace: checker.Trace, keys: set[str], dead: dict[str, set[str]] | None = None
     ) -> set[str]:
         """The ``keys`` with an outcome: in the trace, or among the ``dead`` letters
-        RabbitMQ wrote (a TTL or a max-length)."""
-        by_broker = {k for k, reasons in (dead or {}).items() if checker.by_broker(reasons)}
+        RabbitMQ wrote (a TTL or a max-length), or any dead letter when a worker with tracing
+        off may have written it."""
+        untraced = bool(self.scenario.settings.untraced)
+        by_broker = {
+            k for k, reasons in (dead or {}).items() if untraced or checker.by_broker(reasons)
+        }
         return {k for k in keys if trace.is_completed(k) or trace.dead.get(k) or k in by_broker}
 
 

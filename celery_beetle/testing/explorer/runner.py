@@ -91,6 +91,19 @@ def _inspect(run: Run) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
     return dead, left
 
 
+def _missing_queues(run: Run) -> dict[str, list[str]]:
+    """Per broker replaced by an empty node, the run's queues it does not hold at the end
+    (the workers and publishers declare them again on a broker that comes back)."""
+    missing: dict[str, list[str]] = {}
+    for n in sorted(run.replaced - run.destroyed):
+        node = run.nodes[n]
+        held = node.queue_depths(run.vhost)
+        gone = [queue for queue in run.queues if queue not in held]
+        if gone:
+            missing[node.host_port] = gone
+    return missing
+
+
 def dead_reason(headers: dict[str, Any]) -> str:
     """A dead letter's reason: the worker's ``x-beetle-dead-reason``, or ``broker:<reason>``
     from RabbitMQ's latest ``x-death`` (``expired``, ``maxlen``, ``delivery_limit``...)."""
@@ -213,16 +226,19 @@ def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
         keys = {run.key(i): i for i in scenario.items}
         beetle = {k for k in publisher.confirmed if keys[k].kind in checker.BEETLE_KINDS}
         deadline = time.monotonic() + drain_deadline_s(scenario)
-        trace = checker.read_trace(run.trace)
+        # with tracing off in part of the fleet the ledger tells its completions
+        ledger_dir = run.ledger if scenario.settings.untraced else None
+        trace = checker.read_trace(run.trace, ledger_dir)
         fragile = checker.chords_may_fail(nemesis.counts)
         wanted = checker.awaited(beetle, keys, trace, chords_may_fail=fragile)
-        # what RabbitMQ dead-lettered (a queue bound) has no outcome in the trace
-        bounded = bool(nemesis.counts["queues_bound"])
+        # what RabbitMQ dead-lettered (a queue bound), or a worker with tracing off, has no
+        # outcome in the trace
+        bounded = bool(nemesis.counts["queues_bound"] or scenario.settings.untraced)
         by_broker = peek_dead_letters(run) if bounded else {}
         looked = time.monotonic()
         while run.resolved(trace, wanted, by_broker) != wanted and time.monotonic() < deadline:
             time.sleep(1)
-            trace = checker.read_trace(run.trace)
+            trace = checker.read_trace(run.trace, ledger_dir)
             wanted = checker.awaited(beetle, keys, trace, chords_may_fail=fragile)
             if bounded and time.monotonic() - looked > 5:
                 by_broker, looked = peek_dead_letters(run), time.monotonic()
@@ -236,12 +252,16 @@ def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
         flush_all()
         run.heal()
         dead, left = _inspect(run)
+        missing = _missing_queues(run)
         evidence = checker.Evidence(
             confirmed=publisher.confirmed,
             rolled_back=publisher.rolled_back,
             destroyed={n for n in run.destroyed},
+            replaced=set(run.replaced),
+            failovers=nemesis.failovers,
+            missing_queues=missing,
             keys=keys,
-            trace=checker.read_trace(run.trace),
+            trace=checker.read_trace(run.trace, ledger_dir),
             ledger=read_dir(run.ledger),
             audit=naive.judge(naive.expand([run.trace])),
             dead_letters=dead,
@@ -254,7 +274,10 @@ def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
         )
         violations = checker.judge(scenario, evidence)
         story = _story(violations, evidence, base)
-        notes += publisher.errors[:5] + nemesis.errors
+        notes += run.notes + publisher.errors[:5] + nemesis.errors
+        reruns = checker.failover_reruns(scenario, evidence)
+        if reruns:
+            notes.append(f"a failover without wait_replicas ran {len(reruns)} message(s) again")
         (base / "verdict.json").write_text(
             json.dumps(
                 {
@@ -264,6 +287,7 @@ def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
                     "publish_errors": publisher.errors,
                     "audit": evidence.audit.counts,
                     "dead_letters_by_reason": _by_reason(dead),
+                    "failover_reruns": reruns,
                     "story": story,
                 },
                 indent=1,

@@ -9,7 +9,7 @@ deliveries, a migration while countdown tasks are held, a kill right after an in
 because that is where the bugs found so far were.
 
 The draw grew in versions, each from a random stream of its own (``Random(seed)``, then
-``Random(f"{seed}/2")``, ... ``Random(f"{seed}/5")``), so that a later
+``Random(f"{seed}/2")``, ... ``Random(f"{seed}/6")``), so that a later
 version only *adds* items and faults: a seed keeps the settings, messages and faults an
 earlier version gave it (``tests/unit/test_explorer.py`` pins seeds 1000, 1004, 3022 and
 5000). The third version adds ``self.retry`` bodies, groups, outbox enqueues (committed and
@@ -22,7 +22,10 @@ fifth adds RabbitMQ 4's limits (:attr:`Settings.rabbit4`: quorum queues, an oper
 ``delivery-limit`` of 20 on every node, sometimes a lowered ``consumer_timeout``) and
 ``queues_bound``: ``beetle queues apply`` of a TTL or a max-length small enough to expire
 or drop the run's messages for a while (each must end in ``<queue>.dead`` with RabbitMQ's
-reason, never silently gone).
+reason, never silently gone). The sixth adds a Sentinel-managed Redis
+(a master killed and its replica promoted, with and without ``beetle_redis_wait_replicas``;
+a replica frozen while writes wait for it), a worker with tracing off, and a broker replaced
+by an empty node, and a worker of the previous release upgraded during the run.
 
 A scenario is a plain dataclass: printable (:meth:`Scenario.describe`), serialisable
 (:meth:`Scenario.to_json`), and reducible (:mod:`.shrink` drops items, faults and workers
@@ -46,6 +49,7 @@ __all__ = [
     "NETWORK_FAULTS",
     "RETRY_DELAY_S",
     "SECOND_QUEUE",
+    "SIXTH_FAULTS",
     "THIRD_FAULTS",
     "Fault",
     "Item",
@@ -84,6 +88,8 @@ NETWORK_FAULTS: dict[str, int] = {
 THIRD_FAULTS = ("relay_kill", "broker_destroy", "queues_apply", "latency")
 #: faults of the draw's fifth version (its own stream)
 FIFTH_FAULTS = ("queues_bound",)
+#: faults of the draw's sixth version (its own stream)
+SIXTH_FAULTS = ("redis_failover", "replica_lag", "broker_replace", "worker_upgrade")
 #: RabbitMQ's ``consumer_timeout`` by default (30 min), put back after a scenario lowered it
 CONSUMER_TIMEOUT_MS = 1_800_000
 #: the quorum queues' ``delivery-limit`` RabbitMQ 4 sets by default
@@ -118,6 +124,14 @@ class Settings:
     #: (fifth version) the nodes' ``consumer_timeout`` for the scenario (0: the default,
     #: CONSUMER_TIMEOUT_MS); RabbitMQ 3.10 checks it once a minute
     consumer_timeout_ms: int = 0
+    #: (sixth version) the dedup store is a Sentinel-managed master with one replica
+    sentinel: bool = False
+    #: (sixth version) ``beetle_redis_wait_replicas`` (with ``sentinel``)
+    wait_replicas: int = 0
+    #: (sixth version) worker slots started with tracing off (the first ``untraced``)
+    untraced: int = 0
+    #: (sixth version) the last worker slot runs the previous release until upgraded
+    previous: bool = False
 
     def task_options(self) -> dict[str, Any]:
         options: dict[str, Any] = {
@@ -170,7 +184,9 @@ class Fault:
     exists at that moment), ``duration_s`` how long before it heals (a restart, a resume);
     ``delay_ms`` the one-way delay a ``latency`` fault adds. A ``queues_bound`` (fifth
     version) sets, for ``duration_s``, a TTL of ``bound`` ms (``target`` 0) or a max-length
-    of ``bound`` messages (``target`` 1) on the run's queues."""
+    of ``bound`` messages (``target`` 1) on the run's queues. A ``redis_failover`` (sixth
+    version) first cuts the replica off for ``lag_s`` while the master acknowledges writes
+    (what it then lacks is lost with the master)."""
 
     at_s: float
     kind: str
@@ -178,6 +194,7 @@ class Fault:
     duration_s: float = 1.0
     delay_ms: int = 0
     bound: int = 0
+    lag_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -209,7 +226,7 @@ class Scenario:
             f"acks_late={s.acks_late} timeout={s.timeout_s}s prefetch={s.prefetch_multiplier} "
             f"pool={s.pool}x{s.concurrency} brokers={s.brokers} workers={s.workers} "
             f"inbox={s.inbox} outbox={s.outbox} shared_scope={s.shared_scope}"
-            f"{_rabbit4(s)}; "
+            f"{_rabbit4(s)}{_sixth(s)}; "
             f"{len(self.items)} messages {kinds} ({countdowns} countdown); "
             f"faults: {faults}"
         )
@@ -238,6 +255,12 @@ def _rabbit4(s: Settings) -> str:
         return ""
     timeout = f" consumer_timeout={s.consumer_timeout_ms}ms" if s.consumer_timeout_ms else ""
     return f" rabbit4(quorum, delivery-limit={DELIVERY_LIMIT}{timeout})"
+
+
+def _sixth(s: Settings) -> str:
+    sentinel = f" sentinel(wait_replicas={s.wait_replicas})" if s.sentinel else ""
+    untraced = f" untraced={s.untraced}" if s.untraced else ""
+    return sentinel + untraced + (" previous-release" if s.previous else "")
 
 
 def _settings(rng: random.Random) -> Settings:
@@ -366,6 +389,10 @@ def draw(seed: int) -> Scenario:
     fifth = random.Random(f"{seed}/5")
     settings = _fifth_settings(fifth, settings, faults)
     faults = _fifth_faults(fifth, faults, publish_s)
+    sixth = random.Random(f"{seed}/6")
+    settings = _sixth_settings(sixth, settings, faults)
+    faults = _sixth_faults(sixth, settings, faults, publish_s)
+    settings, faults = _previous_release(sixth, settings, faults, publish_s)
     items = tuple(sorted(items, key=lambda i: i.at_s))
     return Scenario(seed, settings, items, faults)
 
@@ -484,3 +511,73 @@ def _fifth_faults(
     at = round(rng.uniform(0.5, publish_s), 1)
     fault = Fault(at, "queues_bound", target, round(rng.uniform(2, 8), 1), bound=bound)
     return tuple(sorted((*faults, fault), key=lambda f: f.at_s))
+
+
+def _sixth_settings(rng: random.Random, settings: Settings, faults: tuple[Fault, ...]) -> Settings:
+    """The sixth version's settings, from a stream of its own (``Random(f"{seed}/6")``),
+    after the fifth, so a seed keeps everything the earlier versions gave it. The version:
+
+    - in a fifth of the scenarios the dedup store is a **Sentinel-managed** master with one
+      replica (:class:`~celery_beetle.testing.sentinel.SentinelSet`), with
+      ``beetle_redis_wait_replicas = 1`` in half of those; then most draw a
+      ``redis_failover`` (the master killed -9, the Sentinel promotes the replica, the old
+      master comes back as a replica ``duration_s`` later; before the kill the replica may be
+      cut off for ``lag_s`` while the master acknowledges writes: a lagging replica), and with
+      ``wait_replicas`` half draw a ``replica_lag`` (the replica frozen, SIGSTOP, for
+      ``duration_s``: every write waits for it and counts as not stored);
+    - in a fifth of the scenarios with two or more workers, the first worker slot runs with
+      **tracing off** (``untraced``): its messages are judged by the effect ledger and the
+      brokers alone;
+    - now and then a ``broker_replace``: a broker killed -9, its data wiped, and an empty node
+      started on its port ``duration_s`` later (an operator recreates the vhost, as a
+      definitions import would; the workers and publishers declare the queues again). Not
+      with a migration, a broker destroyed for good or a queue bound (each reads what the
+      node held);
+    - in about one scenario in seven with two or more workers, the last worker slot runs the
+      **previous release** (``previous``, :mod:`.previous`) until a ``worker_upgrade`` stops
+      it warmly and starts the current code in its place (a rolling deploy's step).
+    """
+    sentinel = rng.random() < 0.2
+    wait = 1 if sentinel and rng.random() < 0.5 else 0
+    untraced = 1 if settings.workers >= 2 and rng.random() < 0.2 else 0
+    return replace(settings, sentinel=sentinel, wait_replicas=wait, untraced=untraced)
+
+
+def _sixth_faults(
+    rng: random.Random, settings: Settings, faults: tuple[Fault, ...], publish_s: float
+) -> tuple[Fault, ...]:
+    """A failover (most Sentinel scenarios), a frozen replica (half of those that wait for
+    it), a broker replaced by an empty node (about one scenario in eight, where it applies)."""
+    added: list[Fault] = []
+
+    def at(end: float) -> float:
+        return round(rng.uniform(0.5, end), 1)
+
+    if settings.sentinel and rng.random() < 0.8:
+        lag = rng.choice([0.0, 0.0, 0.5, 1.5])
+        added.append(
+            Fault(at(publish_s + 2), "redis_failover", 0, round(rng.uniform(0.5, 4), 1), lag_s=lag)
+        )
+    if settings.wait_replicas and rng.random() < 0.5:
+        added.append(Fault(at(publish_s + 2), "replica_lag", 0, round(rng.uniform(0.5, 4), 1)))
+    kinds = {f.kind for f in faults}
+    excluded = {"migrate", "broker_destroy", "queues_bound"}
+    if not kinds & excluded and rng.random() < 0.12:
+        target = rng.randint(0, settings.brokers - 1)
+        # early: an empty node takes seconds to boot, and should still get publishes after
+        when = at(max(1.0, publish_s - 6))
+        added.append(Fault(when, "broker_replace", target, round(rng.uniform(0.5, 3), 1)))
+    return tuple(sorted((*faults, *added), key=lambda f: f.at_s))
+
+
+def _previous_release(
+    rng: random.Random, settings: Settings, faults: tuple[Fault, ...], publish_s: float
+) -> tuple[Settings, tuple[Fault, ...]]:
+    """The last worker slot on the previous release, replaced by the current code during
+    the run, in about one scenario in seven with two or more workers (drawn after the
+    rest of the version, so a seed keeps what the version gave it before)."""
+    if settings.workers < 2 or rng.random() >= 0.15:
+        return settings, faults
+    upgrade = Fault(round(rng.uniform(1, publish_s + 4), 1), "worker_upgrade", 0, 1.0)
+    ordered = tuple(sorted((*faults, upgrade), key=lambda f: f.at_s))
+    return replace(settings, previous=True), ordered

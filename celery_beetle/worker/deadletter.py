@@ -40,6 +40,7 @@ import time
 import traceback
 from typing import Any
 
+from celery_beetle import metrics
 from celery_beetle.worker.retry_queue import RawMessage, republish
 from kombu_beetle.envelope import EXPIRES_AT_HEADER, FLAG_REDUNDANT, FLAGS_HEADER
 from kombu_beetle.scopes import home_queue
@@ -138,3 +139,15 @@ def publish_dead_letter(
         name,
     )
     return name
+
+
+def dead_letter_delivery(
+    app: Any, message: Any, queue: str, reason: str, detail: str, scope: str | None = None
+) -> None:
+    """Publish a delivery the gate cannot take to ``<queue>.dead`` (main process)."""
+    raw = RawMessage.from_delivery(message)
+    worker = f"{socket.gethostname()}:{os.getpid()}"
+    headers = dead_letter_headers(reason, queue, detail=detail, worker=worker, scope=scope)
+    with app.producer_or_acquire() as producer:
+        publish_dead_letter(producer, raw, queue, headers)
+    metrics.dead_lettered(scope or queue, reason)

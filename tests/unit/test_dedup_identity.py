@@ -175,8 +175,7 @@ class Recorder:
 
 
 def test_gate_events_name_the_scope(h):
-    h.gate.scopes = {"jobs.v2": "jobs"}
-    h.gate.tracer = tracer = Recorder()
+    h.rebuild(scopes={"jobs.v2": "jobs"}, tracer=(tracer := Recorder()))
     message = Message()
     message.delivery_info["routing_key"] = "jobs.v2"
     h.deliver(message)

@@ -475,7 +475,7 @@ def observability_overhead(both: str, redis_url: str, opts: Any, tmp: Path) -> N
     import threading
     import urllib.request
 
-    from tests.harness.ports import free_port
+    from celery_beetle.testing.ports import free_port
 
     def scrape_every_second(port: int, stop: threading.Event, scrapes: list[int]) -> None:
         while not stop.wait(1.0):
@@ -567,7 +567,7 @@ def main() -> None:
     PROFILE_POOL = opts.profile_pool
 
     from benchmarks._nodes import rabbit_ports
-    from tests.harness.redis_server import RedisServer
+    from celery_beetle.testing.redis_server import RedisServer
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-eo-"))
     server = RedisServer(tmp / "redis")

@@ -21,8 +21,8 @@ from typing import Any
 
 import redis
 
-from tests.harness.ports import free_port, log_tail, process_alive, wait_until_gone
-from tests.harness.redis_server import RedisServer, RedisServerError, redis_server_binary
+from celery_beetle.testing.ports import free_port, log_tail, process_alive, wait_until_gone
+from celery_beetle.testing.redis_server import RedisServer, RedisServerError, redis_server_binary
 
 #: a replica's full sync starts at once (Redis waits 5 s for more replicas by default)
 _NODE_ARGS = ["--repl-diskless-sync-delay", "0"]

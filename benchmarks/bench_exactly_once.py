@@ -254,14 +254,14 @@ def _dump(kind: str, data: dict[str, Any]) -> None:
 
 @worker_process_shutdown.connect
 def _pool_stats(**kwargs: Any) -> None:
-    from celery_beetle.worker.run import _stores
+    from celery_beetle.worker.runnable import _stores
 
     _dump("pool", {"round_trips": sum(s.round_trips for s in _stores.values())})
 
 
 @worker_shutdown.connect
 def _gate_stats(sender: Any = None, **kwargs: Any) -> None:
-    from celery_beetle.worker.run import _stores
+    from celery_beetle.worker.runnable import _stores
 
     if GC_PAUSES is not None:
         _dump(

@@ -38,7 +38,7 @@ from celery_beetle.worker.gate import DeliveryGate
 from celery_beetle.worker.gate_reads import pipelined_reads_for
 from celery_beetle.worker.metrics import GateCollector
 from celery_beetle.worker.renewal import DeliveryRenewal
-from celery_beetle.worker.run import is_beetle_task
+from celery_beetle.worker.runnable import is_beetle_task
 from celery_beetle.worker.strategy import GatedStrategy
 from celery_beetle.worker.time_limits import count_limits_from_the_start
 from kombu_beetle.renewal import SameBrokerPublisher

@@ -21,7 +21,7 @@ from celery_beetle.store.state import MessageFacts
 from celery_beetle.worker.deadletter import dead_letter_headers, publish_dead_letter
 from celery_beetle.worker.facts import FACTS_HEADER, facts_from_headers
 from celery_beetle.worker.retry_queue import RawMessage, publish_delayed
-from celery_beetle.worker.run import request_facts
+from celery_beetle.worker.runnable import request_facts
 from kombu_beetle.envelope import FLAGS_HEADER
 from kombu_beetle.errors import InvalidTransportOption
 from kombu_beetle.options import build_options

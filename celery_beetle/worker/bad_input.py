@@ -26,7 +26,7 @@ from celery_beetle.store.state import MessageFacts
 from celery_beetle.worker.facts import InvalidHeader, message_facts
 from celery_beetle.worker.handback import ack
 from celery_beetle.worker.outage import StoreOutage
-from celery_beetle.worker.settle import TraceWriter
+from celery_beetle.worker.settle import GateTrace
 from celery_beetle.worker.verdict import Verdict
 
 __all__ = ["BadInput", "BadInputs", "DeadLetter"]
@@ -78,7 +78,7 @@ class BadInputs:
         hand_back: Callable[..., Verdict],
         delay_for: Callable[[Any], float],
         stats: Counter[str],
-        trace: TraceWriter,
+        trace: GateTrace,
         message_ttl_ms: int,
         unknown_task_grace_ms: int,
     ) -> None:

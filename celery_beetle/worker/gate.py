@@ -64,7 +64,7 @@ from celery_beetle.worker.gate_claims import ClaimKeeper
 from celery_beetle.worker.handback import HandBacks, requeue
 from celery_beetle.worker.held import Holding
 from celery_beetle.worker.outage import StoreOutage
-from celery_beetle.worker.settle import Settle, TraceWriter
+from celery_beetle.worker.settle import GateTrace, Settle
 from celery_beetle.worker.verdict import Verdict
 from kombu_beetle.scopes import scope_of
 from kombu_beetle.trace import NullTracer
@@ -129,7 +129,7 @@ class DeliveryGate:
     pool_idle: Callable[[], bool] = field(default=lambda: False)
 
     def __post_init__(self) -> None:
-        self.trace = TraceWriter(self.tracer, self.worker)
+        self.trace = GateTrace(self.tracer, self.worker)
         self.settle = Settle(self.tracer, self.reads)
         if self.settle.after_trace:
             self.reads.after_batch = self.settle.after_batch

@@ -45,7 +45,7 @@ from celery_beetle.worker.facts import (
     facts_from_headers,
 )
 from celery_beetle.worker.outage import StoreOutage
-from celery_beetle.worker.settle import Settle, TraceWriter
+from celery_beetle.worker.settle import GateTrace, Settle
 
 __all__ = ["ClaimKeeper"]
 
@@ -84,7 +84,7 @@ class ClaimKeeper:
         call_later: Callable[[float, Callable[[], None]], Any],
         outage: StoreOutage,
         stats: Counter[str],
-        trace: TraceWriter,
+        trace: GateTrace,
         settle: Settle,
         worker: str | None = None,
         completion_retry_s: float = 0.1,

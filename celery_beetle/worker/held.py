@@ -32,7 +32,7 @@ from celery_beetle.store.state import Status
 from celery_beetle.worker.deliveries import HELD_MARK, CompletedMemory, Delivery, QoSLike, Twin
 from celery_beetle.worker.handback import ack, channel_open, requeue
 from celery_beetle.worker.outage import StoreOutage
-from celery_beetle.worker.settle import Settle, TraceWriter
+from celery_beetle.worker.settle import GateTrace, Settle
 from celery_beetle.worker.verdict import Verdict
 from kombu_beetle.brokers import incarnation_of
 
@@ -59,7 +59,7 @@ class Holding:
         self,
         *,
         stats: Counter[str],
-        trace: TraceWriter,
+        trace: GateTrace,
         settle: Settle,
         call_later: Callable[[float, Callable[[], None]], Any],
         qos: Callable[[], QoSLike | None],

@@ -1,6 +1,6 @@
 """How the gate writes its trace events and settles a copy: one writer, one ack rule.
 
-:class:`TraceWriter` writes every event the gate writes, from a delivery, a held twin or a
+:class:`GateTrace` writes every event the gate writes, from a delivery, a held twin or a
 finished run.
 
 :class:`Settle` applies the rule for acks: with tracing on and pipelined calls, a copy
@@ -15,12 +15,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Settle", "TraceWriter"]
+__all__ = ["GateTrace", "Settle"]
 
 logger = logging.getLogger(__name__)
 
 
-class TraceWriter:
+class GateTrace:
     """The gate's trace events; nothing is built when tracing is off."""
 
     __slots__ = ("enabled", "tracer", "worker")

@@ -23,6 +23,8 @@ __all__ = ["HELD_MARK", "CompletedMemory", "Delivery", "Ending", "QoSLike", "Twi
 
 
 class QoSLike(Protocol):
+    """The consumer's prefetch QoS, widened for each deferred copy."""
+
     def increment_eventually(self, n: int = 1) -> int: ...
 
     def decrement_eventually(self, n: int = 1) -> int: ...
@@ -60,11 +62,13 @@ HELD_MARK = "beetle_held"
 
 @dataclass(eq=False)
 class Twin:
-    """A copy held before kombu made a Message of it (:meth:`~.held.Holding.hold_twin`): a
-    copy with its identity is running in this worker. When that run completes the twin is
-    acked as a duplicate; after any other ending it is delivered on, through Celery and the
-    gate, as any copy. A twin is its own message view (the trace and hand-back helpers read
-    ``headers``, ``delivery_info`` and ``channel`` and call ``ack`` and ``reject``)."""
+    """A copy held before kombu made a Message of it (:meth:`~.held.Holding.hold_twin`).
+
+    A copy with its identity is running in this worker.
+    When that run completes, the twin is acked as a duplicate.
+    After any other ending it is delivered on, through Celery and the gate, as any copy.
+    A twin is its own message view for the trace and hand-back helpers.
+    """
 
     raw: Any
     task_name: str
@@ -111,9 +115,12 @@ class Twin:
 
 
 class CompletedMemory:
-    """The runs that completed here, for a while: a message's other copy usually arrives
-    within milliseconds and can then be dropped without a Redis read. A completed record
-    never changes, so the memory cannot be wrong, only forgotten."""
+    """The runs that completed here, for ``keep_ms``, at most ``size`` of them.
+
+    A message's other copy usually arrives within milliseconds; it is then dropped without
+    a Redis read.
+    A completed record never changes, so the memory cannot be wrong, only forgotten.
+    """
 
     def __init__(self, clock: Callable[[], int], size: int, keep_ms: int) -> None:
         self.clock, self.size, self.keep_ms = clock, size, keep_ms

@@ -1,18 +1,23 @@
 """The consumer bootstep that puts the gate in front of every BeetleTask's strategy.
 
-Celery hands each task message to the task's *strategy* (``consumer.strategies[name]``),
-in the worker's main process, before a pool slot is involved. This step runs after Celery's
-``Tasks`` step has built the strategies (on every consumer start: they are rebuilt after a
-reconnect) and wraps those of BeetleTasks so that each delivery passes through
-:class:`~celery_beetle.worker.gate.DeliveryGate` first. Plain tasks keep Celery's strategy as is.
+Celery hands each task message to the task's *strategy*, in the worker's main process,
+before a pool slot is involved.
+This step wraps the strategies of BeetleTasks in a :class:`~.strategy.GatedStrategy`, so that
+each delivery passes through :class:`~celery_beetle.worker.gate.DeliveryGate` first.
+Plain tasks keep Celery's strategy as is.
 
-At construction (worker start, before any message) it reads and validates the settings and
-every BeetleTask's options, raising :class:`celery.exceptions.ImproperlyConfigured` with the
-reason, and derives each BeetleTask's time limits from its lease; at start it makes a prefork
-pool count those limits from each run's stored start
-(:func:`~celery_beetle.worker.time_limits.count_limits_from_the_start`), and probes the
-dedup store once, so that a store away as the worker starts is said at once (its deliveries
-are parked until it answers).
+==============  ==========================================================================
+when            what the step does
+==============  ==========================================================================
+construction    reads and validates the settings and every BeetleTask's options (a bad one
+                raises :class:`celery.exceptions.ImproperlyConfigured` with the reason), and
+                derives each BeetleTask's time limits from its lease
+start           makes a prefork pool count those limits from each run's stored start
+                (:func:`~.time_limits.count_limits_from_the_start`), builds the gate once,
+                probes the store (a store away is said at once), and gates the strategies
+                (Celery rebuilds them on every consumer start)
+stop            the gate forgets what it holds: the consumer's connection is going away
+==============  ==========================================================================
 """
 
 from __future__ import annotations

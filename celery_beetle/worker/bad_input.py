@@ -122,7 +122,7 @@ class BadInputs:
     ) -> Verdict:
         """Dead-letter ``message`` once per message, then ack it; if its dead letter is not
         stored (the broker refused it, Redis is down), hand it back instead."""
-        self.stats[Verdict.BAD_INPUT.value] += 1
+        self.stats[Verdict.BAD_INPUT] += 1
         shown = {
             k: (v[:100] if isinstance(v, str) else v)
             for k, v in (message.properties or {}).items()
@@ -156,7 +156,7 @@ class BadInputs:
         """A task this worker does not know. During a rolling deploy an older worker sees
         tasks only newer ones have: hand the message back, for a worker that knows it,
         until ``unknown_task_grace_ms`` after a worker first saw it; then dead-letter it."""
-        self.stats[Verdict.UNKNOWN_TASK.value] += 1
+        self.stats[Verdict.UNKNOWN_TASK] += 1
         try:
             return self._unknown_task(message, task_name, detail)
         except Exception:

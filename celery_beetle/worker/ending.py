@@ -89,10 +89,6 @@ class Endings:
         self.stats = stats
         self.call_later = call_later
 
-    def ending(self, d: Delivery) -> RunEnding:
-        """The ending given to the run of ``d``."""
-        return RunEnding(self, d)
-
     def finished(self, d: Delivery) -> None:
         """The run of ``d`` was acked or rejected (its consumer still the same)."""
         if d.generation != self.holding.generation:
@@ -113,5 +109,5 @@ class Endings:
         if owner:  # while paused, the probe releases it before the gate resumes
             self.outage.release_later(d.facts, str(owner))
         delay = max(float(mark.get("delay_s") or 0), self.handbacks.delay_for(d.key, d.message))
-        self.stats[Verdict.HANDED_BACK.value] += 1
+        self.stats[Verdict.HANDED_BACK] += 1
         self.call_later(delay, partial(ending.requeue, reject))

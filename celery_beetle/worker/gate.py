@@ -49,11 +49,11 @@ from celery_beetle.store import Store, wall_clock_ms
 from celery_beetle.store.health import store_unavailable
 from celery_beetle.store.outcome import Claim, GateDecision, Limits
 from celery_beetle.store.outcome import Gate as Found
-from celery_beetle.store.state import Status
+from celery_beetle.store.state import MessageFacts, Status
 from celery_beetle.worker.asking import Asking
 from celery_beetle.worker.bad_input import BadInput, BadInputs, DeadLetter
 from celery_beetle.worker.deliveries import HELD_MARK, CompletedMemory, Delivery, Ending, QoSLike
-from celery_beetle.worker.ending import Endings
+from celery_beetle.worker.ending import Endings, RunEnding
 from celery_beetle.worker.facts import (
     CLAIM_MARK,
     FACTS_HEADER,
@@ -223,7 +223,7 @@ class DeliveryGate:
             return self._handle(message, task_name, start)
         except Exception:
             logger.exception("beetle: the gate failed on a %s delivery; handing it back", task_name)
-            self.stats[Verdict.ERROR.value] += 1
+            self.stats[Verdict.ERROR] += 1
             return self.handbacks.hand_back(message, None)
 
     def hold_twin(self, raw: Any, task_name: str, deliver: Callable[[Any], Any]) -> bool:
@@ -280,13 +280,13 @@ class DeliveryGate:
         queue = self.queue_of(message)
         properties = message.properties or {}
         message_id = properties.get("message_id")
-        scope = self._scope_of(queue)
+        scope = scope_of(self.scopes, queue)
         info = message.delivery_info if message.delivery_info is not None else {}
         held = info.pop(HELD_MARK, False)
-        if not held:  # a held twin sent on was traced as it arrived
+        if not held and self.trace.enabled:  # a held twin sent on was traced as it arrived
             self.trace.delivered(str(message_id or "")[:200], scope, task_name, message)
         facts = self.bad_inputs.admit(message, message_id, queue, scope, task_name)
-        if isinstance(facts, Verdict):  # bad input: dead-lettered, or handed back
+        if not isinstance(facts, MessageFacts):  # bad input: dead-lettered, or handed back
             return facts
         if message.headers is not None:
             message.headers[FACTS_HEADER] = facts_header(facts)
@@ -301,7 +301,7 @@ class DeliveryGate:
         """Look at ``d``: first what the gate knows, then (if it must) Redis."""
         holding = self.holding
         if self.handing_back(d.message):
-            self.stats[Verdict.GIVEN_BACK.value] += 1
+            self.stats[Verdict.GIVEN_BACK] += 1
             requeue(d.message)
             return Verdict.GIVEN_BACK
         if self.outage.paused:
@@ -349,12 +349,12 @@ class DeliveryGate:
     def _run(self, d: Delivery, claim: GateClaim | None = None) -> Verdict:
         """Hand ``d`` to Celery's strategy, with the gate's claim in its headers if any."""
         self.holding.in_flight.add(d.key)
-        self.stats[Verdict.RUN.value] += 1
+        self.stats[Verdict.RUN] += 1
         if claim is not None:
             header = (d.message.headers or {}).get(FACTS_HEADER)
             if isinstance(header, dict):
                 header[CLAIM_MARK] = claim.mark()
-        d.start(self.endings.ending(d))
+        d.start(RunEnding(self.endings, d))
         return Verdict.RUN
 
     # -- when the gate cannot go on -----------------------------------------------------------
@@ -372,7 +372,7 @@ class DeliveryGate:
             d.facts.message_id[:100],
             exc_info=exc,
         )
-        self.stats[Verdict.ERROR.value] += 1
+        self.stats[Verdict.ERROR] += 1
         return self.handbacks.hand_back(d.message, d.key)
 
     def _resume(self) -> None:

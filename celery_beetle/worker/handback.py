@@ -74,7 +74,7 @@ class HandBacks:
 
     def hand_back(self, message: Any, key: Any, delay_s: float | None = None) -> Verdict:
         """Count a hand-back and requeue ``message`` after its backoff."""
-        self.stats[Verdict.HANDED_BACK.value] += 1
+        self.stats[Verdict.HANDED_BACK] += 1
         self.requeue_later(message, key, delay_s)
         return Verdict.HANDED_BACK
 

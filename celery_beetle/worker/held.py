@@ -30,7 +30,7 @@ from typing import Any
 
 from celery_beetle.store.state import Status
 from celery_beetle.worker.deliveries import HELD_MARK, CompletedMemory, Delivery, QoSLike, Twin
-from celery_beetle.worker.handback import ack, channel_open, requeue
+from celery_beetle.worker.handback import channel_open, requeue
 from celery_beetle.worker.outage import StoreOutage
 from celery_beetle.worker.settle import GateTrace, Settle
 from celery_beetle.worker.verdict import Verdict
@@ -142,14 +142,14 @@ class Holding:
 
     def wait(self, key: tuple[str, str], d: Delivery | Twin) -> Verdict:
         """Hold ``d`` until the copy in flight under ``key`` ends."""
-        self.stats[Verdict.WAITING.value] += 1
+        self.stats[Verdict.WAITING] += 1
         self.waiting.setdefault(key, []).append(d)
         return Verdict.WAITING
 
     def park(self, d: Delivery) -> Verdict:
         """Hold ``d`` until the store answers again."""
         self.parked.append(d)
-        self.stats[Verdict.PARKED.value] += 1
+        self.stats[Verdict.PARKED] += 1
         return Verdict.PARKED
 
     def take_parked(self) -> list[Delivery]:
@@ -159,22 +159,20 @@ class Holding:
 
     def drop(self, d: Delivery, verdict: Verdict, status: Status | None = None) -> Verdict:
         """Ack ``d`` as a duplicate or expired copy, after its event is written."""
-        self.stats[verdict.value] += 1
+        self.stats[verdict] += 1
         detail = {"status": status.value} if status is not None else None
         facts = d.facts
-        self.trace.write(
-            verdict.value, facts.message_id, facts.scope, d.message, d.task_name, detail
-        )
-        self.settle(partial(ack, d.message))
+        self.trace.write(verdict, facts.message_id, facts.scope, d.message, d.task_name, detail)
+        self.settle.ack(d.message)
         return verdict
 
     def drop_twin(self, twin: Twin) -> None:
         """Ack a twin as a duplicate of a message that completed here."""
-        self.stats[Verdict.DUPLICATE.value] += 1
+        self.stats[Verdict.DUPLICATE] += 1
         detail = {"status": Status.COMPLETED.value}
         scope, message_id = twin.key
-        self.trace.write(Verdict.DUPLICATE.value, message_id, scope, twin, twin.task_name, detail)
-        self.settle(partial(ack, twin))
+        self.trace.write(Verdict.DUPLICATE, message_id, scope, twin, twin.task_name, detail)
+        self.settle.ack(twin)
 
     def deliver_on(self, twin: Twin) -> None:
         """Send a held twin on through Celery and the gate, soon (not from inside the
@@ -195,7 +193,7 @@ class Holding:
         A deferred copy holds a slot of the prefetch window until it is looked at again.
         The window is widened for it only within ``max_deferred`` and ``max_deferred_bytes``.
         """
-        self.stats[Verdict.DEFERRED.value] += 1
+        self.stats[Verdict.DEFERRED] += 1
         self.deferred += 1
         self.deferred_bytes += d.size
         qos = self.qos()
@@ -215,7 +213,7 @@ class Holding:
         detail = {"delay_s": round(delay_ms / 1000, 3)}
         facts = d.facts
         self.trace.write(
-            Verdict.DEFERRED.value, facts.message_id, facts.scope, d.message, d.task_name, detail
+            Verdict.DEFERRED, facts.message_id, facts.scope, d.message, d.task_name, detail
         )
         self.call_later(delay_s, partial(self._recheck, d))
         return Verdict.DEFERRED
@@ -250,7 +248,7 @@ class Holding:
         self.parked = [d for d in self.parked if d not in back]
         for d in back:
             requeue(d.message)
-        self.stats[Verdict.GIVEN_BACK.value] += given + len(back)
+        self.stats[Verdict.GIVEN_BACK] += given + len(back)
         return given + len(back)
 
     def run_ended(self, key: tuple[str, str], completed: bool) -> None:

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any
+
+from celery_beetle.worker.handback import ack
 
 __all__ = ["GateTrace", "Settle"]
 
@@ -41,13 +44,14 @@ class GateTrace:
         attempt: int = 0,
         pid: int | None = None,
     ) -> None:
-        """Write ``event`` for ``message``; ``task_name`` defaults to its ``task`` header."""
+        """Write ``event`` (a :class:`~.verdict.Verdict` or another event's name) for
+        ``message``; ``task_name`` defaults to its ``task`` header."""
         if not self.enabled:
             return
         info = message.delivery_info or {}
         headers = message.headers or {}
         self.tracer.emit(
-            event,
+            str(event),
             message_id,
             queue=scope,
             task_name=headers.get("task") if task_name is None else task_name,
@@ -87,6 +91,14 @@ class Settle:
             self._owed.append(ack)
         else:
             ack()
+
+    def ack(self, message: Any) -> None:
+        """Ack ``message`` now, or once this batch's events are written; an ack that fails
+        is lost with its broker, which delivers the copy again."""
+        if self.after_trace and self.reads.in_batch:
+            self._owed.append(partial(ack, message))
+        else:
+            ack(message)
 
     def after_batch(self) -> None:
         """After a batch of Redis replies: write its outcome events, then make its acks."""

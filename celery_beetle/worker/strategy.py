@@ -18,6 +18,9 @@ reject                             reject; the run finished
 
 Errors Celery's message handler would catch around a strategy call are caught here, as a
 deferred delivery starts from a timer, outside that handler.
+
+The per-delivery callables are partials of named methods, not closures or objects that hold
+the run's ending where the gate's delivery could reach them back: no reference cycles.
 """
 
 from __future__ import annotations
@@ -70,96 +73,61 @@ class GatedStrategy:
         renewing = self.renewal()
         if renewing is not None and renewing.renewed(message, self.gate.queue_of(message)):
             return
-        delivered = _Delivered(self, message, body, ack, reject, callbacks, kwargs)
-        self.gate.handle(message, self.task_name, delivered.start)
+        start = partial(self._start, message, body, ack, reject, callbacks, kwargs)
+        self.gate.handle(message, self.task_name, start)
 
-
-class _Delivered:
-    """One delivery as Celery gave it, until the gate starts it."""
-
-    __slots__ = ("ack", "body", "callbacks", "kwargs", "message", "reject", "strategy")
-
-    def __init__(
+    def _start(
         self,
-        strategy: GatedStrategy,
         message: Any,
         body: Any,
         ack: Any,
         reject: Any,
         callbacks: Any,
         kwargs: dict[str, Any],
+        ending: Ending,
     ) -> None:
-        self.strategy = strategy
-        self.message = message
-        self.body = body
-        self.ack = ack
-        self.reject = reject
-        self.callbacks = callbacks
-        self.kwargs = kwargs
-
-    def start(self, ending: Ending) -> None:
-        """Hand the delivery to Celery's strategy; never raises."""
-        gated, message = self.strategy, self.message
-        settling = _Settling(gated.gate, message, self.ack, self.reject, ending)
+        """The gate lets the delivery run: hand it to Celery's strategy; never raises."""
+        on_ack = partial(self._on_ack, message, ack, ending)
+        on_reject = partial(self._on_reject, message, reject, ending)
         try:
-            gated.__wrapped__(
-                message, self.body, settling.on_ack, settling.on_reject, self.callbacks,
-                **self.kwargs,
-            )  # fmt: skip
+            self.__wrapped__(message, body, on_ack, on_reject, callbacks, **kwargs)
         except (InvalidTaskError, ContentDisallowed) as exc:
             ending.finished()
-            gated.consumer.on_invalid_task(self.body, message, exc)
+            self.consumer.on_invalid_task(body, message, exc)
         except DecodeError as exc:
             ending.finished()
-            gated.consumer.on_decode_error(message, exc)
+            self.consumer.on_decode_error(message, exc)
         except Exception:
             # Celery's strategy failed on something nobody foresaw: never out of the
             # consumer (it would restart, or the worker exit); the message goes back
-            logger.exception("beetle: starting %s failed; handing it back", gated.task_name)
+            logger.exception("beetle: starting %s failed; handing it back", self.task_name)
             ending.finished()
-            gated.gate.hand_back(message)
+            self.gate.hand_back(message)
 
-
-class _Settling:
-    """The ack and reject Celery's request is given for one started delivery.
-
-    Apart from :class:`_Delivered`: the run's ending holds the gate's delivery, which holds
-    ``_Delivered.start``, so keeping the ending there would make a reference cycle.
-    """
-
-    __slots__ = ("_ack", "_reject", "ending", "gate", "message")
-
-    def __init__(
-        self, gate: DeliveryGate, message: Any, ack: Any, reject: Any, ending: Ending
-    ) -> None:
-        self.gate = gate
-        self.message = message
-        self._ack = ack
-        self._reject = reject
-        self.ending = ending
-
-    def on_ack(self, *args: Any, **kw: Any) -> Any:
+    def _on_ack(self, message: Any, ack: Any, ending: Ending, *args: Any, **kw: Any) -> Any:
         """Celery acks: a run on the gate's claim stores its completion first."""
-        acked = partial(self.acked, args, kw)
-        if self.gate.complete_before_ack(self.message, acked):
+        acked = partial(self._acked, ack, ending, args, kw)
+        if self.gate.complete_before_ack(message, acked):
             return None
         return acked()
 
-    def acked(self, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
+    @staticmethod
+    def _acked(ack: Any, ending: Ending, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
         """Make Celery's ack, now or once the completion is stored; the run finished."""
         try:
-            return self._ack(*args, **kw)
+            return ack(*args, **kw)
         finally:
-            self.ending.finished()
+            ending.finished()
 
-    def on_reject(self, *args: Any, **kw: Any) -> Any:
+    @staticmethod
+    def _on_reject(message: Any, reject: Any, ending: Ending, *args: Any, **kw: Any) -> Any:
         """Celery rejects: a copy the pool handed back is requeued after a backoff."""
-        facts = (self.message.headers or {}).get(FACTS_HEADER)
+        facts = (message.headers or {}).get(FACTS_HEADER)
         mark = facts.pop(HANDBACK_MARK, None) if isinstance(facts, dict) else None
         if isinstance(mark, dict):
-            self.ending.handed_back(mark, partial(self._reject, *args, **kw))
+            ending.handed_back(mark, partial(reject, *args, **kw))
             return None
         try:
-            return self._reject(*args, **kw)
+            return reject(*args, **kw)
         finally:
-            self.ending.finished()
+            ending.finished()

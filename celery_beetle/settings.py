@@ -33,6 +33,9 @@ Read from the Celery app's configuration (``app.conf``):
                                 (``x-delivery-count``) is replaced by a fresh copy
                                 on its broker, so no ``delivery-limit`` drops it
                                 (10; 0: never)
+``beetle_shutdown_store_wait``  how long a worker's warm shutdown keeps trying to
+                                store the completions it owes while Redis is down,
+                                seconds (30)
 ==============================  =====================================================
 
 ``beetle_dead_letter_retention``: how long the record of a message given up (its dead letter
@@ -111,6 +114,7 @@ _APP_OPTIONS: Mapping[str, str] = {
     "beetle_max_deferred_bytes": "max_deferred_bytes",
     "beetle_unknown_task_grace": "unknown_task_grace_s",
     "beetle_delivery_renewal": "delivery_renewal",
+    "beetle_shutdown_store_wait": "shutdown_store_wait_s",
     "beetle_claim_in_idle_pool": "claim_in_idle_pool",
     "beetle_dedup_scopes": "dedup_scopes",
     "beetle_metrics_port": "metrics_port",
@@ -180,6 +184,9 @@ SETTING_DOCS: Mapping[str, str] = {
     "beetle_delivery_renewal": "a delivery whose quorum queue has counted this many "
     "deliveries of it (`x-delivery-count`) is replaced by a fresh copy on the same broker, so "
     "no queue's `delivery-limit` (20 by default from RabbitMQ 4.0) drops it; 0: never",
+    "beetle_shutdown_store_wait": "how long a warm shutdown (SIGTERM) keeps trying to store "
+    "the completions of bodies that returned, while Redis is down, before the worker lets "
+    "their messages go back unacked, seconds",
     "beetle_claim_in_idle_pool": "a fresh delivery that finds a prefork process free goes to it "
     "at once and is claimed there as the body begins (one Redis round trip before the body, "
     "not two); False: the gate always claims first",
@@ -242,6 +249,7 @@ class BeetleSettings:
     max_deferred_bytes: int = 64 * 1024 * 1024
     unknown_task_grace_s: float = 600.0
     delivery_renewal: int = 10
+    shutdown_store_wait_s: float = 30.0
     claim_in_idle_pool: bool = True
     trace_dir: str | None = None
     #: ``{physical queue: dedup scope}`` (``kombu_beetle.scopes``)
@@ -266,6 +274,7 @@ class BeetleSettings:
             "key_ttl_margin_s",
             "unknown_task_grace_s",
             "dead_letter_retention_s",
+            "shutdown_store_wait_s",
         ):
             value = getattr(self, name)
             _require(
@@ -284,6 +293,10 @@ class BeetleSettings:
             self.dead_letter_retention_s >= 0,
             f"dead_letter_retention_s must be 0 or more seconds, "
             f"got {self.dead_letter_retention_s!r}",
+        )
+        _require(
+            self.shutdown_store_wait_s >= 0,
+            f"shutdown_store_wait_s must be 0 or more seconds, got {self.shutdown_store_wait_s!r}",
         )
         _require(
             self.unknown_task_grace_s >= 0,

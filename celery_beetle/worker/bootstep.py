@@ -168,6 +168,8 @@ class BeetleGateStep(bootsteps.StartStopStep):
             self.gate.reset()
 
     def shutdown(self, c: Any) -> None:
+        if self.gate is not None:  # the pool has finished: nothing more will be owed
+            self.gate.store_owed(self.settings.shutdown_store_wait_s)
         self.stop(c)
         for closable in (self.store, self.probe, self.renewal_publisher):
             if closable is not None:

@@ -97,9 +97,8 @@ class DeliveryGate:
     scopes: Mapping[str, str] = field(default_factory=dict)
     message_ttl_ms: int = 86_400_000
     clock: Callable[[], int] = wall_clock_ms
-    #: a copy deferred under a running lease is looked at again after this, then doubling
+    #: a copy deferred under a lease is looked at again after this, doubling up to the max
     recheck_min_s: float = 0.05
-    #: a deferred copy is looked at again at least this often, even under a long lease
     recheck_max_s: float = 30.0
     probe_interval_s: float = 1.0
     #: the store as the logs name it (its URL, password masked)
@@ -164,6 +163,7 @@ class DeliveryGate:
             recheck_max_s=self.recheck_max_s,
         )
         self.claim_keeper = ClaimKeeper(
+            store=self.store,
             reads=self.reads,
             clock=self.clock,
             call_later=self.call_later,
@@ -234,6 +234,10 @@ class DeliveryGate:
         """Store the completion of a run on the gate's claim, then ``ack()``; True if so
         (:meth:`~.gate_claims.ClaimKeeper.complete_before_ack`)."""
         return self.claim_keeper.complete_before_ack(message, ack)
+
+    def store_owed(self, wait_s: float) -> tuple[int, int]:
+        """At a warm shutdown: store the completions owed (:meth:`~.ClaimKeeper.store_owed`)."""
+        return self.claim_keeper.store_owed(wait_s)
 
     def unknown_task(self, message: Any, task_name: str, detail: str) -> Verdict:
         """A task this worker does not know (:meth:`~.bad_input.BadInputs.unknown_task`)."""

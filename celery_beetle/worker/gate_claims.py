@@ -15,6 +15,10 @@ complete     a run that succeeded on the gate's claim is completed here; its cop
              acked only once the completion is stored, retried until it is
 ===========  ===========================================================================
 
+A completion not stored yet is *owed* until it is.
+A warm shutdown stores what is owed itself, for a bounded time (:meth:`ClaimKeeper.store_owed`),
+because the event loop that retries it stops with the worker.
+
 A worker killed with deliveries in its pool's queue leaves them to other copies within one
 reservation, their attempts unused.
 With tracing on, the ack of a completion waits for its ``completed`` event (:mod:`.settle`).
@@ -25,6 +29,7 @@ from __future__ import annotations
 import logging
 import secrets
 import socket
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +37,7 @@ from functools import partial
 from typing import Any
 
 from celery_beetle import metrics
+from celery_beetle.store import Store
 from celery_beetle.store.health import store_unavailable
 from celery_beetle.store.outcome import Claim, FenceDecision
 from celery_beetle.store.state import MAX_OWNER_LENGTH, MessageFacts, Status
@@ -69,6 +75,7 @@ class _Completion:
 class ClaimKeeper:
     """Claims' owners, reservations renewed, completions stored before the ack.
 
+    - ``store``: the dedup store, for what is owed at a shutdown (:meth:`store_owed`).
     - ``reads``: the pipelined calls (:mod:`.gate_reads`); None: the pool claims and completes.
     - ``clock()``: wall-clock milliseconds.
     - ``call_later(seconds, fn)``: a timer on the event loop.
@@ -79,6 +86,7 @@ class ClaimKeeper:
     def __init__(
         self,
         *,
+        store: Store,
         reads: Any,
         clock: Callable[[], int],
         call_later: Callable[[float, Callable[[], None]], Any],
@@ -89,6 +97,7 @@ class ClaimKeeper:
         worker: str | None = None,
         completion_retry_s: float = 0.1,
     ) -> None:
+        self.store = store
         self.reads = reads
         self.clock = clock
         self.call_later = call_later
@@ -101,6 +110,8 @@ class ClaimKeeper:
         self.claims: Counter[Claim] = Counter()
         self._count = 0
         self._owner_base = f"{secrets.token_hex(3)}@{worker or socket.gethostname()}"
+        #: completions not stored yet, by ``id(message)``: owed until stored
+        self._owed: dict[int, _Completion] = {}
         #: reservations of deliveries handed to the pool, renewed until their run ends:
         #: identity -> (facts, token, reservation ms)
         self._reserved: dict[tuple[str, str], tuple[MessageFacts, int, int]] = {}
@@ -178,28 +189,38 @@ class ClaimKeeper:
         facts = facts_from_headers(header)
         if claim is None or not claim.token or facts is None or self.reads is None:
             return False
-        self._complete(_Completion(message, header, facts, claim, ack), self.completion_retry_s)
+        key = id(message)
+        self._owed[key] = _Completion(message, header, facts, claim, ack)
+        self._send_completion(key, self.completion_retry_s)
         return True
 
-    def _complete(self, completion: _Completion, retry_s: float) -> None:
-        answered = partial(self._completed, completion, retry_s)
+    def _send_completion(self, key: int, retry_s: float) -> None:
+        """Send an owed completion in the next batch; again after ``retry_s`` if it fails."""
+        completion = self._owed.get(key)
+        if completion is None:
+            return  # stored at a shutdown meanwhile
+        answered = partial(self._completed, key, retry_s)
         self.reads.complete(completion.facts, completion.claim.token, answered)
 
     def _completed(
-        self,
-        completion: _Completion,
-        retry_s: float,
-        fence: FenceDecision | None,
-        exc: BaseException | None,
+        self, key: int, retry_s: float, fence: FenceDecision | None, exc: BaseException | None
     ) -> None:
+        completion = self._owed.get(key)
+        if completion is None:
+            return  # stored at a shutdown meanwhile, and acked there
         if exc is not None or fence is None:
-            self._retry(completion, retry_s, exc)
-        elif fence.ok:
+            self._retry(key, retry_s, exc)
+            return
+        del self._owed[key]
+        self._answered(completion, fence)
+
+    def _answered(self, completion: _Completion, fence: FenceDecision) -> None:
+        if fence.ok:
             self._stored(completion)
         else:
             self._refused(completion, fence)
 
-    def _retry(self, completion: _Completion, retry_s: float, exc: BaseException | None) -> None:
+    def _retry(self, key: int, retry_s: float, exc: BaseException | None) -> None:
         """Never ack what is not stored: try again after a while, whatever the error."""
         unavailable = exc is not None and store_unavailable(exc)
         if unavailable:
@@ -209,7 +230,7 @@ class ClaimKeeper:
         log("beetle: cannot store a completion yet (%r); trying again", exc)
         self.stats["completion_retries"] += 1
         again = min(retry_s * 2, COMPLETION_RETRY_MAX_S)
-        self.call_later(retry_s, partial(self._complete, completion, again))
+        self.call_later(retry_s, partial(self._send_completion, key, again))
 
     def _stored(self, completion: _Completion) -> None:
         """The completion is stored: write its event, then ack (:class:`~.settle.Settle`)."""
@@ -246,3 +267,56 @@ class ClaimKeeper:
                 completion.claim.token,
             )
         completion.ack()
+
+    # -- at a shutdown -----------------------------------------------------------------------
+
+    def store_owed(self, wait_s: float) -> tuple[int, int]:
+        """Store the completions still owed, synchronously, and ack each stored one; for a
+        warm shutdown, when the event loop no longer retries them. Returns (stored, owed).
+
+        While the store is unavailable it retries for up to ``wait_s`` seconds.
+        What is still owed then goes back to its queue unacked, and its body may run again.
+        """
+        owed = len(self._owed)
+        if not owed:
+            return 0, 0
+        logger.info("beetle: stopping: storing %d completion(s) owed", owed)
+        deadline = time.monotonic() + wait_s
+        pause = self.completion_retry_s
+        while self._owed:
+            for key, completion in list(self._owed.items()):
+                try:
+                    fence = self.store.complete(completion.facts, completion.claim.token)
+                except Exception as exc:
+                    if not store_unavailable(exc):
+                        logger.error("beetle: cannot store a completion (%r)", exc)
+                    continue
+                del self._owed[key]
+                completion.ack = partial(_ack_quietly, completion.ack)
+                self._answered(completion, fence)
+            if not self._owed or time.monotonic() + pause > deadline:
+                break
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
+        stored = owed - len(self._owed)
+        if self._owed:
+            logger.warning(
+                "beetle: stopping: stored %d of %d owed completion(s) within %.0f s; the rest "
+                "go back to their queues, and their bodies may run again",
+                stored,
+                owed,
+                wait_s,
+            )
+            self._owed.clear()
+        else:
+            logger.info("beetle: stopping: stored the %d completion(s) owed", owed)
+        return stored, owed
+
+
+def _ack_quietly(ack: Callable[[], None]) -> None:
+    """``ack`` at a shutdown: a connection already gone leaves the stored copy to be
+    dropped as a duplicate when it comes back."""
+    try:
+        ack()
+    except Exception:
+        logger.debug("beetle: cannot ack a completed message at shutdown", exc_info=True)

@@ -53,6 +53,15 @@ def test_deliveries_waiting_in_a_killed_workers_pool_use_no_attempt_and_run_else
     starts = counts([first, second], "start")
     assert all(starts[item] == 1 for item in ids), starts  # nothing ran twice
     assert "AttemptsExhausted" not in second.log_text()
+    # a body's "done" line is written before its completion is stored
+    assert wait_until(
+        lambda: all(
+            getattr(state, "status", None) is Status.COMPLETED
+            for item, state in _records(redis_url, ids).items()
+            if item in never_began
+        ),
+        timeout=30,
+    )
     records = _records(redis_url, ids)
     for item in never_began:
         state = records[item]

@@ -178,6 +178,39 @@ def test_a_completion_redis_refuses_is_retried_and_the_message_is_not_acked_mean
     assert h.store.peek("jobs", "m1").status is Status.COMPLETED
 
 
+def test_a_shutdown_stores_the_completions_owed_and_acks_each_once(h):
+    first = Message()
+    h.deliver(first)
+    h.calls.flush()
+    ((message, done),) = h.started
+    h.succeed(message, done)
+    h.calls.failing = RedisConnectionError("connection refused")
+    h.calls.flush()  # owed: the retry waits on a timer the stopping worker no longer runs
+    assert h.gate.store_owed(wait_s=1.0) == (1, 1)
+    assert first.acks == 1
+    assert h.store.peek("jobs", "m1").status is Status.COMPLETED
+    h.calls.failing = None
+    h.timer.advance(5)  # the retry the event loop had planned finds nothing owed
+    h.calls.flush()
+    assert first.acks == 1 and h.calls.kinds == ["claim", "complete"]
+
+
+def test_a_shutdown_gives_up_on_what_it_cannot_store_within_its_wait_and_acks_nothing(h):
+    first = Message()
+    h.deliver(first)
+    h.calls.flush()
+    ((message, done),) = h.started
+    h.succeed(message, done)
+    h.store.complete = _refused  # type: ignore[method-assign]
+    assert h.gate.store_owed(wait_s=0.3) == (0, 1)
+    assert first.acks == 0, "never ack what is not stored: the message goes back"
+    assert h.gate.store_owed(wait_s=0.3) == (0, 0), "nothing is owed twice"
+
+
+def _refused(*args: Any) -> Any:
+    raise RedisConnectionError("connection refused")
+
+
 def test_a_completion_refused_after_a_takeover_acks_and_lets_the_twin_look_again(h):
     first, twin = Message(broker="a"), Message(broker="b")
     h.deliver(first)

@@ -1,0 +1,55 @@
+"""A deploy while Redis is down: the worker's warm shutdown stores what it owes first.
+
+A run that succeeded on the gate's claim is acked only once its completion is stored. When
+Redis refuses writes at the moment a deploy stops the worker (SIGTERM), those completions
+are owed; the worker keeps trying to store them for ``beetle_shutdown_store_wait`` seconds
+before it lets the connection go, so a body that returned is not found unfinished (and, at
+``attempts=1``, dead-lettered) by the next worker.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from celery_beetle.testing.waiting import wait_until
+from tests.exactly_once.conftest import counts
+from tests.exactly_once.poison import celery_queue_empty, stored_dead_letters
+from tests.exactly_once.test_defaults import DEFAULTS
+
+
+@pytest.mark.timeout(300)
+def test_a_warm_shutdown_during_a_redis_outage_stores_its_completions_once_redis_is_back(
+    brokers, redis_aof, client, eo_worker
+):
+    app = client(task_options=DEFAULTS)
+    options = {"task_options": DEFAULTS, "redis": redis_aof.url}
+    options["pool"], options["concurrency"] = "prefork", 2
+    worker = eo_worker(**options)
+    items = list(range(120))
+    for item in items:
+        app.tasks["eo.record"].delay(item, 0.1)
+    assert wait_until(lambda: len(counts([worker])) >= 30, timeout=60)
+    redis_aof.kill()
+    time.sleep(2)  # the bodies running now return; their completions cannot be stored
+    stopping = threading.Thread(target=worker.stop, kwargs={"timeout": 90})
+    stopping.start()  # a deploy: SIGTERM while Redis is down
+    time.sleep(5)
+    assert worker.alive(), "the worker waits for the store before it lets its deliveries go"
+    redis_aof.start()
+    stopping.join()
+    log = worker.log_text()
+    assert "beetle: stopping: stored the" in log, log[-3000:]
+    successor = eo_worker(**options)
+    workers = [worker, successor]
+    assert wait_until(lambda: set(counts(workers)) == set(items), timeout=120), (
+        f"not run: {sorted(set(items) - set(counts(workers)))[:20]}"
+    )
+    assert wait_until(lambda: celery_queue_empty(brokers), timeout=60), (
+        "a copy whose body returned before the shutdown was not found completed"
+    )
+    starts = counts(workers, "start")
+    assert all(starts[i] == 1 for i in items), {i: n for i, n in starts.items() if n != 1}
+    assert stored_dead_letters(brokers) == 0, "no dead letter the tasks did not cause"

@@ -21,7 +21,7 @@ def rabbit_ports(count: int) -> Iterator[list[int]]:
             raise SystemExit(f"BEETLE_BENCH_PORTS lists {len(ports)} brokers, {count} needed")
         yield ports[:count]
         return
-    from tests.harness.rabbit import RabbitNode, start_all, stop_all
+    from celery_beetle.testing.rabbit import RabbitNode, start_all, stop_all
 
     nodes = [RabbitNode(management=False) for _ in range(count)]
     start_all(nodes)

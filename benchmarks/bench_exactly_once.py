@@ -264,14 +264,14 @@ def _dump(kind: str, data: dict[str, Any]) -> None:
 
 @worker_process_shutdown.connect
 def _pool_stats(**kwargs: Any) -> None:
-    from celery_beetle.worker.run import _stores
+    from celery_beetle.worker.runnable import _stores
 
     _dump("pool", {"round_trips": sum(s.round_trips for s in _stores.values())})
 
 
 @worker_shutdown.connect
 def _gate_stats(sender: Any = None, **kwargs: Any) -> None:
-    from celery_beetle.worker.run import _stores
+    from celery_beetle.worker.runnable import _stores
 
     if GC_PAUSES is not None:
         _dump(
@@ -485,7 +485,7 @@ def observability_overhead(both: str, redis_url: str, opts: Any, tmp: Path) -> N
     import threading
     import urllib.request
 
-    from tests.harness.ports import free_port
+    from celery_beetle.testing.ports import free_port
 
     def scrape_every_second(port: int, stop: threading.Event, scrapes: list[int]) -> None:
         while not stop.wait(1.0):
@@ -577,7 +577,7 @@ def main() -> None:
     PROFILE_POOL = opts.profile_pool
 
     from benchmarks._nodes import rabbit_ports
-    from tests.harness.redis_server import RedisServer
+    from celery_beetle.testing.redis_server import RedisServer
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-eo-"))
     server = RedisServer(tmp / "redis")

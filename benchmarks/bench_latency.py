@@ -52,7 +52,7 @@ import celery_beetle
 from benchmarks._nodes import rabbit_ports
 from benchmarks.bench_exactly_once import ROOT, fill, run_worker
 from celery_beetle import BeetleTask
-from tests.harness.redis_server import RedisServer
+from celery_beetle.testing.redis_server import RedisServer
 
 PLAIN, BEETLE, CLAIMED = "bench.plain", "bench.beetle", "bench.claimed"
 

@@ -257,7 +257,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    from tests.harness.postgres import PostgresServer
+    from celery_beetle.testing.postgres import PostgresServer
 
     pg = PostgresServer().start()
     try:

@@ -236,7 +236,7 @@ def contenders(opts: argparse.Namespace, tmp: Path) -> Iterator[tuple[dict[str, 
     from benchmarks._cluster import rabbit_cluster
     from benchmarks._links import slow_links
     from benchmarks._nodes import rabbit_ports
-    from tests.harness.redis_server import RedisServer
+    from celery_beetle.testing.redis_server import RedisServer
 
     redis = RedisServer(tmp / "redis")
     redis.start()

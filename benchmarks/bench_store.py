@@ -64,7 +64,7 @@ def redis_url() -> Iterator[str]:
     if url:
         yield url
         return
-    from tests.harness.redis_server import RedisServer  # the test harness starts servers
+    from celery_beetle.testing.redis_server import RedisServer  # the test harness starts servers
 
     server = RedisServer()
     server.start()

@@ -87,7 +87,9 @@ from celery_beetle.worker.facts import (
     PID_MARK,
     RUNTIME_MARK,
 )
-from celery_beetle.worker.run import Run, completed_on_the_loop, is_beetle_task
+from celery_beetle.worker.run import Run
+from celery_beetle.worker.run_state import completed_on_the_loop
+from celery_beetle.worker.runnable import is_beetle_task
 from kombu_beetle.envelope import FLAG_REDUNDANT, FLAGS_HEADER
 
 __all__ = [

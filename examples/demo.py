@@ -47,9 +47,10 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from celery_beetle.testing.rabbit import RabbitNode, start_all  # noqa: E402
+from celery_beetle.testing.redis_server import RedisServer  # noqa: E402
+from celery_beetle.testing.worker import WorkerProcess  # noqa: E402
 from examples.demo_charges import Charges  # noqa: E402
-from tests.harness import RabbitNode, RedisServer, start_all  # noqa: E402
-from tests.harness.celery_worker import WorkerProcess  # noqa: E402
 
 console = Console()
 
@@ -150,6 +151,7 @@ def demo(args: argparse.Namespace) -> None:
                 pool="prefork",
                 concurrency=2,
                 name=f"demo{i}",
+                root=ROOT,
             )
             for i in range(2)
         ]

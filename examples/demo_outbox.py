@@ -38,7 +38,7 @@ def database(base: Path) -> Iterator[str | None]:
     if given:
         yield given
         return
-    from tests.harness.postgres import PostgresServer, postgres_bin_dir
+    from celery_beetle.testing.postgres import PostgresServer, postgres_bin_dir
 
     if postgres_bin_dir() is None:
         yield None

@@ -37,9 +37,11 @@ from typing import Any, Protocol
 import pytest
 
 from celery_beetle.testing import servers
+from celery_beetle.testing.proxy import TcpProxy
+from celery_beetle.testing.rabbit import BrokerSet, RabbitNode
+from celery_beetle.testing.redis_server import RedisServer, redis_server_binary
+from celery_beetle.testing.sentinel import SentinelSet
 from celery_beetle.testing.servers import fresh_redis, fresh_vhost
-from tests.harness import BrokerSet, RabbitNode, RedisServer, TcpProxy, redis_server_binary
-from tests.harness.sentinel import SentinelSet
 
 #: the fixtures of the plugin users get (celery_beetle.pytest_plugin); the project's own
 #: build on them, so the suite exercises them. Registered once, whether or not the entry

@@ -109,8 +109,8 @@ def committing(request: Any) -> None:
     """Note in the dedup store that this run commits its effects through the inbox: if its
     worker dies right after the commit, the message gets another start (even past
     ``attempts``, the default 1), which finds the row and returns, instead of a dead letter
-    for effects that are committed (:func:`celery_beetle.worker.run.mark_inbox`)."""
-    from celery_beetle.worker.run import mark_inbox
+    for effects that are committed (:func:`celery_beetle.worker.run_state.mark_inbox`)."""
+    from celery_beetle.worker.run_state import mark_inbox
 
     mark_inbox(request)
 
@@ -128,7 +128,7 @@ def _identity(request: Any, app: Any) -> tuple[str, str, dt.datetime]:
     from celery import current_app
 
     from celery_beetle.settings import BeetleSettings
-    from celery_beetle.worker.run import request_facts
+    from celery_beetle.worker.runnable import request_facts
 
     app = app or current_app
     task = app.tasks.get(str(getattr(request, "task", "") or ""))

@@ -1,17 +1,15 @@
 """What the gate does with deliveries it cannot run: bad input and unknown tasks.
 
-Bad input (no ``message_id``, a body that does not decode, a header no publisher of this
-project writes) is dead-lettered once per message, then acked; if its dead letter cannot be
-stored it is handed back instead (:mod:`celery_beetle.worker.handback`), never dropped.
+Bad input is a delivery without a ``message_id``, with a body that does not decode, or with
+a header no publisher of this project writes (:class:`BadInput`).
+It is dead-lettered once per message, then acked.
+If its dead letter cannot be stored it is handed back (:mod:`.handback`), never dropped.
 
-An unknown task is what an older worker sees during a rolling deploy, when newer workers
-already publish a task it does not have. Failing it there would lose it (and mark its record
-failed, so the newer worker would drop the other copy); instead it is handed back for a worker
-that knows it, until a grace period after a worker first saw it (kept in Redis:
-:meth:`~celery_beetle.store.base.Store.first_seen`), and only then dead-lettered.
-
-:class:`BadInputHandling` is part of :class:`~celery_beetle.worker.gate.DeliveryGate`; it is apart
-only so each module reads on its own.
+An unknown task is what an older worker sees during a rolling deploy.
+Failing it there would lose it, and mark its record failed for the newer workers.
+So it is handed back for a worker that knows it.
+After a grace period from when a worker first saw it
+(:meth:`~celery_beetle.store.base.Store.first_seen`), it is dead-lettered.
 """
 
 from __future__ import annotations
@@ -19,16 +17,19 @@ from __future__ import annotations
 import enum
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from celery_beetle.store import Store
 from celery_beetle.store.health import store_unavailable
+from celery_beetle.store.state import MessageFacts
 from celery_beetle.worker.facts import InvalidHeader, message_facts
-from celery_beetle.worker.handback import HandBacks, ack
-from kombu_beetle.scopes import scope_of
+from celery_beetle.worker.handback import ack
+from celery_beetle.worker.outage import StoreOutage
+from celery_beetle.worker.settle import GateTrace
+from celery_beetle.worker.verdict import Verdict
 
-__all__ = ["BadInput", "BadInputHandling", "DeadLetter"]
+__all__ = ["BadInput", "BadInputs", "DeadLetter"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,42 +53,76 @@ class BadInput(str, enum.Enum):
 DeadLetter = Callable[[Any, str, str, str], float | None]
 
 
-class BadInputHandling:
-    """Bad input and unknown tasks, for :class:`~celery_beetle.worker.gate.DeliveryGate`."""
+class BadInputs:
+    """Bad input and unknown tasks, for :class:`~celery_beetle.worker.gate.DeliveryGate`.
 
-    # provided by the gate
-    store: Store
-    dead_letter: DeadLetter
-    queue_of: Callable[[Any], str]
-    scopes: Mapping[str, str]
-    clock: Callable[[], int]
-    message_ttl_ms: int
-    unknown_task_grace_ms: int
-    paused: bool
-    stats: Counter[str]
-    handbacks: HandBacks
+    - ``store``: the dedup store (``first_seen`` of an unknown task).
+    - ``dead_letter``: publishes a bad delivery's dead letter once per message.
+    - ``queue_of(message)``, ``scope_of(queue)``: where a delivery came from, and its scope.
+    - ``clock()``: wall-clock milliseconds.
+    - ``outage``: the store's outage (``paused``, ``pause(exc)``).
+    - ``hand_back(message, key, delay_s)``: requeue after a backoff.
+    - ``delay_for(key)``: the backoff ``key`` has earned.
+    - ``stats``, ``trace``: the gate's counts and trace writer.
+    """
 
-    def _hand_back(self, message: Any, key: Any, delay_s: float | None = None) -> str:
-        raise NotImplementedError
-
-    def _pause(self, exc: BaseException) -> None:
-        raise NotImplementedError
-
-    def _trace(
+    def __init__(
         self,
-        event: str,
-        message_id: str,
-        queue: str,
-        task_name: str,
-        message: Any,
-        detail: dict[str, Any] | None = None,
+        *,
+        store: Store,
+        dead_letter: DeadLetter,
+        queue_of: Callable[[Any], str],
+        scope_of: Callable[[str], str],
+        clock: Callable[[], int],
+        outage: StoreOutage,
+        hand_back: Callable[..., Verdict],
+        delay_for: Callable[[Any], float],
+        stats: Counter[str],
+        trace: GateTrace,
+        message_ttl_ms: int,
+        unknown_task_grace_ms: int,
     ) -> None:
-        raise NotImplementedError
+        self.store = store
+        self.dead_letter = dead_letter
+        self.queue_of = queue_of
+        self.scope_of = scope_of
+        self.clock = clock
+        self.outage = outage
+        self.hand_back = hand_back
+        self.delay_for = delay_for
+        self.stats = stats
+        self.trace = trace
+        self.message_ttl_ms = message_ttl_ms
+        self.unknown_task_grace_ms = unknown_task_grace_ms
 
-    def _bad_input(self, message: Any, queue: str, task_name: str, reason: str, detail: str) -> str:
+    def admit(
+        self, message: Any, message_id: Any, queue: str, scope: str, task_name: str
+    ) -> MessageFacts | Verdict:
+        """The facts of a delivery that is not bad input; or the verdict on one that is,
+        dead-lettered (or handed back if its dead letter is not stored)."""
+        if not message_id:
+            return self.dead_letter_and_ack(message, queue, task_name, BadInput.NO_MESSAGE_ID, "")
+        headers = message.headers if message.headers is not None else {}
+        try:
+            facts = message_facts(
+                queue, message_id, headers, self.message_ttl_ms, self.clock(), scope
+            )
+        except InvalidHeader as exc:
+            reason = BadInput.INVALID_HEADER
+            return self.dead_letter_and_ack(message, queue, task_name, reason, str(exc))
+        try:
+            message.payload  # noqa: B018 (decodes once; Celery reuses the cached result)
+        except Exception as exc:
+            reason = BadInput.UNDECODABLE
+            return self.dead_letter_and_ack(message, queue, task_name, reason, repr(exc))
+        return facts
+
+    def dead_letter_and_ack(
+        self, message: Any, queue: str, task_name: str, reason: BadInput, detail: str
+    ) -> Verdict:
         """Dead-letter ``message`` once per message, then ack it; if its dead letter is not
         stored (the broker refused it, Redis is down), hand it back instead."""
-        self.stats["bad_input"] += 1
+        self.stats[Verdict.BAD_INPUT] += 1
         shown = {
             k: (v[:100] if isinstance(v, str) else v)
             for k, v in (message.properties or {}).items()
@@ -97,67 +132,68 @@ class BadInputHandling:
             "beetle: dead-lettering a %s message on queue %r (%s): %s %s",
             task_name,
             queue,
-            reason,
+            reason.value,
             detail[:300],
             shown,
         )
         message_id = str((message.properties or {}).get("message_id") or id(message))
-        key = (scope_of(self.scopes, queue), message_id[:200])
+        key = (self.scope_of(queue), message_id[:200])
         try:
-            wait_s = self.dead_letter(message, queue, reason, detail)
+            wait_s = self.dead_letter(message, queue, reason.value, detail)
         except Exception as exc:
             logger.error("beetle: could not dead-letter the message (%r); handing it back", exc)
-            return self._hand_back(message, key)
+            return self.hand_back(message, key)
         if wait_s is not None:  # another copy's worker is dead-lettering it
-            return self._hand_back(message, key, wait_s)
+            return self.hand_back(message, key, wait_s)
         # the audit's evidence that its dead letter is stored: without it a message replayed
         # from the dead letters and found bad again is counted lost (the explorer's seed 5071)
-        self._trace("dead_lettered", key[1], key[0], task_name, message, {"reason": reason})
+        evidence = {"reason": reason.value}
+        self.trace.write("dead_lettered", key[1], key[0], message, task_name, evidence)
         ack(message)
-        return "bad_input"
+        return Verdict.BAD_INPUT
 
-    def unknown_task(self, message: Any, task_name: str, detail: str) -> str:
+    def unknown_task(self, message: Any, task_name: str, detail: str) -> Verdict:
         """A task this worker does not know. During a rolling deploy an older worker sees
         tasks only newer ones have: hand the message back, for a worker that knows it,
         until ``unknown_task_grace_ms`` after a worker first saw it; then dead-letter it."""
-        self.stats["unknown_task"] += 1
+        self.stats[Verdict.UNKNOWN_TASK] += 1
         try:
             return self._unknown_task(message, task_name, detail)
         except Exception:
             logger.exception(
                 "beetle: the gate failed on unknown task %r; handing it back", task_name
             )
-            return self._hand_back(message, None)
+            return self.hand_back(message, None)
 
-    def _unknown_task(self, message: Any, task_name: str, detail: str) -> str:
+    def _unknown_task(self, message: Any, task_name: str, detail: str) -> Verdict:
         queue = self.queue_of(message)
         message_id = (message.properties or {}).get("message_id")
-        reason = BadInput.UNKNOWN_TASK.value
+        reason = BadInput.UNKNOWN_TASK
         if not message_id:
-            return self._bad_input(message, queue, task_name, reason, detail)
+            return self.dead_letter_and_ack(message, queue, task_name, reason, detail)
         headers = message.headers if message.headers is not None else {}
         now = self.clock()
         try:
             facts = message_facts(
-                queue, message_id, headers, self.message_ttl_ms, now, scope_of(self.scopes, queue)
+                queue, message_id, headers, self.message_ttl_ms, now, self.scope_of(queue)
             )
         except InvalidHeader as exc:
-            return self._bad_input(
-                message, queue, task_name, BadInput.INVALID_HEADER.value, str(exc)
+            return self.dead_letter_and_ack(
+                message, queue, task_name, BadInput.INVALID_HEADER, str(exc)
             )
-        if self.paused:
-            return self._hand_back(message, facts.identity)
+        if self.outage.paused:
+            return self.hand_back(message, facts.identity)
         try:
             first = self.store.first_seen(facts, self.unknown_task_grace_ms + self.message_ttl_ms)
         except Exception as exc:
             if store_unavailable(exc):
-                self._pause(exc)
+                self.outage.pause(exc)
             else:
                 logger.error("beetle: cannot tell when %s was first seen", message_id, exc_info=exc)
-            return self._hand_back(message, facts.identity)
+            return self.hand_back(message, facts.identity)
         waited = now - first
         if waited >= self.unknown_task_grace_ms:
-            return self._bad_input(message, queue, task_name, reason, detail)
+            return self.dead_letter_and_ack(message, queue, task_name, reason, detail)
         logger.warning(
             "beetle: no task %r on this worker (an older version during a deploy?); handing "
             "%s back for a worker that knows it (%.0f s of its %.0f s grace gone)",
@@ -168,5 +204,5 @@ class BadInputHandling:
         )
         # not the usual 30 s cap: a deploy's newer workers should get it within seconds
         left_s = (self.unknown_task_grace_ms - waited) / 1000
-        delay = min(self.handbacks.delay_for(facts.identity), UNKNOWN_TASK_MAX_WAIT_S, left_s)
-        return self._hand_back(message, facts.identity, delay)
+        delay = min(self.delay_for(facts.identity), UNKNOWN_TASK_MAX_WAIT_S, left_s)
+        return self.hand_back(message, facts.identity, delay)

@@ -1,18 +1,23 @@
 """The consumer bootstep that puts the gate in front of every BeetleTask's strategy.
 
-Celery hands each task message to the task's *strategy* (``consumer.strategies[name]``),
-in the worker's main process, before a pool slot is involved. This step runs after Celery's
-``Tasks`` step has built the strategies (on every consumer start: they are rebuilt after a
-reconnect) and wraps those of BeetleTasks so that each delivery passes through
-:class:`~celery_beetle.worker.gate.DeliveryGate` first. Plain tasks keep Celery's strategy as is.
+Celery hands each task message to the task's *strategy*, in the worker's main process,
+before a pool slot is involved.
+This step wraps the strategies of BeetleTasks in a :class:`~.strategy.GatedStrategy`, so that
+each delivery passes through :class:`~celery_beetle.worker.gate.DeliveryGate` first.
+Plain tasks keep Celery's strategy as is.
 
-At construction (worker start, before any message) it reads and validates the settings and
-every BeetleTask's options, raising :class:`celery.exceptions.ImproperlyConfigured` with the
-reason, and derives each BeetleTask's time limits from its lease; at start it makes a prefork
-pool count those limits from each run's stored start
-(:func:`~celery_beetle.worker.time_limits.count_limits_from_the_start`), and probes the
-dedup store once, so that a store away as the worker starts is said at once (its deliveries
-are parked until it answers).
+==============  ==========================================================================
+when            what the step does
+==============  ==========================================================================
+construction    reads and validates the settings and every BeetleTask's options (a bad one
+                raises :class:`celery.exceptions.ImproperlyConfigured` with the reason), and
+                derives each BeetleTask's time limits from its lease
+start           makes a prefork pool count those limits from each run's stored start
+                (:func:`~.time_limits.count_limits_from_the_start`), builds the gate once,
+                probes the store (a store away is said at once), and gates the strategies
+                (Celery rebuilds them on every consumer start)
+stop            the gate forgets what it holds: the consumer's connection is going away
+==============  ==========================================================================
 """
 
 from __future__ import annotations
@@ -24,23 +29,22 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import bootsteps
-from celery.exceptions import ImproperlyConfigured, InvalidTaskError, NotRegistered
+from celery.exceptions import ImproperlyConfigured, NotRegistered
 from celery.utils.objects import Bunch
-from kombu.exceptions import ContentDisallowed, DecodeError
 
 from celery_beetle import metrics
 from celery_beetle.settings import BeetleSettings
 from celery_beetle.store import RedisStore, wall_clock_ms
 from celery_beetle.store.health import RedisProbe, store_unavailable
 from celery_beetle.store.outcome import Limits, Rejected
-from celery_beetle.worker.deadletter import dead_letter_headers, publish_dead_letter
-from celery_beetle.worker.facts import FACTS_HEADER, HANDBACK_MARK, InvalidHeader, message_facts
+from celery_beetle.worker.deadletter import dead_letter_delivery
+from celery_beetle.worker.facts import InvalidHeader, message_facts
 from celery_beetle.worker.gate import DeliveryGate
 from celery_beetle.worker.gate_reads import pipelined_reads_for
 from celery_beetle.worker.metrics import GateCollector
 from celery_beetle.worker.renewal import DeliveryRenewal
-from celery_beetle.worker.retry_queue import RawMessage
-from celery_beetle.worker.run import is_beetle_task
+from celery_beetle.worker.runnable import is_beetle_task
+from celery_beetle.worker.strategy import GatedStrategy
 from celery_beetle.worker.time_limits import count_limits_from_the_start
 from kombu_beetle.renewal import SameBrokerPublisher
 from kombu_beetle.trace import get_tracer
@@ -107,7 +111,7 @@ class BeetleGateStep(bootsteps.StartStopStep):
             strategy = c.strategies.get(name)
             if strategy is not None and is_beetle_task(task):
                 if not getattr(strategy, "beetle_gated", False):
-                    c.strategies[name] = gated_strategy(
+                    c.strategies[name] = GatedStrategy(
                         strategy, name, self.gate, c, lambda: self.renewal
                     )
                 gated.append(name)
@@ -332,70 +336,6 @@ class BeetleGateStep(bootsteps.StartStopStep):
         return on_unknown_task
 
 
-def gated_strategy(
-    strategy: Any,
-    task_name: str,
-    gate: DeliveryGate,
-    consumer: Any,
-    renewal: Callable[[], DeliveryRenewal | None] = lambda: None,
-) -> Any:
-    """``strategy`` behind the gate. Errors Celery's message handler would catch around a
-    strategy call are caught here, because a deferred delivery starts from a timer. A
-    delivery its queue counted often is first replaced by a fresh copy (``renewal()``:
-    :mod:`celery_beetle.worker.renewal`)."""
-
-    def beetle_strategy(
-        message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kwargs: Any
-    ) -> None:
-        def start(done: Callable[..., None]) -> None:
-            def on_ack(*args: Any, **kw: Any) -> Any:
-                def acked() -> Any:
-                    try:
-                        return ack(*args, **kw)
-                    finally:
-                        done()
-
-                # a run on the gate's claim: its completion is stored first, then the ack
-                if gate.complete_before_ack(message, acked):
-                    return None
-                return acked()
-
-            def on_reject(*args: Any, **kw: Any) -> Any:
-                facts = (message.headers or {}).get(FACTS_HEADER)
-                mark = facts.pop(HANDBACK_MARK, None) if isinstance(facts, dict) else None
-                if isinstance(mark, dict):  # the pool handed it back: requeue after a backoff
-                    done(mark, lambda: reject(*args, **kw))
-                    return None
-                try:
-                    return reject(*args, **kw)
-                finally:
-                    done()
-
-            try:
-                strategy(message, body, on_ack, on_reject, callbacks, **kwargs)
-            except (InvalidTaskError, ContentDisallowed) as exc:
-                done()
-                consumer.on_invalid_task(body, message, exc)
-            except DecodeError as exc:
-                done()
-                consumer.on_decode_error(message, exc)
-            except Exception:
-                # Celery's strategy failed on something nobody foresaw: never out of the
-                # consumer (it would restart, or the worker exit); the message goes back
-                logger.exception("beetle: starting %s failed; handing it back", task_name)
-                done()
-                gate.hand_back(message)
-
-        renewing = renewal()
-        if renewing is not None and renewing.renewed(message, gate.queue_of(message)):
-            return
-        gate.handle(message, task_name, start)
-
-    beetle_strategy.beetle_gated = True  # type: ignore[attr-defined]
-    beetle_strategy.__wrapped__ = strategy  # type: ignore[attr-defined]
-    return beetle_strategy
-
-
 def _prepare_metrics() -> None:
     """Before the pool forks: every process of this worker counts into shared files."""
     try:
@@ -409,18 +349,6 @@ def _prepare_metrics() -> None:
 
 def _no_claims(message: Any, task_name: str) -> None:
     return None
-
-
-def dead_letter_delivery(
-    app: Any, message: Any, queue: str, reason: str, detail: str, scope: str | None = None
-) -> None:
-    """Publish a delivery the gate cannot take to ``<queue>.dead`` (main process)."""
-    raw = RawMessage.from_delivery(message)
-    worker = f"{socket.gethostname()}:{os.getpid()}"
-    headers = dead_letter_headers(reason, queue, detail=detail, worker=worker, scope=scope)
-    with app.producer_or_acquire() as producer:
-        publish_dead_letter(producer, raw, queue, headers)
-    metrics.dead_lettered(scope or queue, reason)
 
 
 def _record_unknown_task(app: Any, message: Any, name: str) -> None:

@@ -34,17 +34,31 @@ say "redundant").
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
 import traceback
 from typing import Any
 
+from celery_beetle import metrics
+from celery_beetle.store.health import call_until_stored
+from celery_beetle.store.state import MessageFacts
+from celery_beetle.worker.errors import HandBack
 from celery_beetle.worker.retry_queue import RawMessage, republish
 from kombu_beetle.envelope import EXPIRES_AT_HEADER, FLAG_REDUNDANT, FLAGS_HEADER
 from kombu_beetle.scopes import home_queue
 
-__all__ = ["DEAD_HEADERS", "dead_letter_headers", "dead_letter_queue_name", "publish_dead_letter"]
+__all__ = [
+    "DEAD_HEADERS",
+    "OwedDeadLetter",
+    "dead_letter_delivery",
+    "dead_letter_headers",
+    "dead_letter_queue_name",
+    "publish_dead_letter",
+]
+
+logger = logging.getLogger(__name__)
 
 PREFIX = "x-beetle-dead-"
 DEAD_HEADERS = tuple(
@@ -138,3 +152,65 @@ def publish_dead_letter(
         name,
     )
     return name
+
+
+def dead_letter_delivery(
+    app: Any, message: Any, queue: str, reason: str, detail: str, scope: str | None = None
+) -> None:
+    """Publish a delivery the gate cannot take to ``<queue>.dead`` (main process)."""
+    raw = RawMessage.from_delivery(message)
+    worker = f"{socket.gethostname()}:{os.getpid()}"
+    headers = dead_letter_headers(reason, queue, detail=detail, worker=worker, scope=scope)
+    with app.producer_or_acquire() as producer:
+        publish_dead_letter(producer, raw, queue, headers)
+    metrics.dead_lettered(scope or queue, reason)
+
+
+class OwedDeadLetter:
+    """The dead letter a run in the pool owes for ``facts``, published from ``raw``.
+
+    If it cannot be published the delivery is handed back (:class:`~.errors.HandBack`).
+    The record keeps it owed, and after the owner's lease another copy publishes it.
+    """
+
+    def __init__(
+        self, app: Any, store: Any, facts: MessageFacts, raw: RawMessage, worker: str, name: str
+    ) -> None:
+        self.app = app
+        self.store = store
+        self.facts = facts
+        self.raw = raw
+        self.worker = worker
+        self.name = name
+
+    def publish(
+        self, reason: str, exc: BaseException, attempts: int | None, exceptions: int | None
+    ) -> None:
+        """Publish it to ``<queue>.dead``, or hand the delivery back."""
+        facts = self.facts
+        headers = dead_letter_headers(
+            reason,
+            facts.queue,
+            exc,
+            attempts=attempts,
+            exceptions=exceptions,
+            worker=self.worker,
+            scope=facts.scope,
+        )
+        try:
+            with self.app.producer_or_acquire() as producer:
+                publish_dead_letter(producer, self.raw, facts.queue, headers)
+        except Exception as pub_exc:
+            logger.error(
+                "beetle: could not dead-letter %s (%s): %r; handing it back",
+                self.name,
+                reason,
+                pub_exc,
+            )
+            raise HandBack(f"dead letter not published: {pub_exc!r}", 5.0) from pub_exc
+
+    def mark_stored(self) -> None:
+        """Mark it published in the record, retried until stored."""
+        call_until_stored(
+            lambda _: self.store.dead_lettered(self.facts), f"that {self.name} is dead-lettered"
+        )

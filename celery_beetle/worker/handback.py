@@ -20,10 +20,11 @@ unacked; a retry is a new publish to a delay queue), so they never count.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from celery_beetle.worker.verdict import Verdict
 from kombu_beetle.renewal import DELIVERY_COUNT_HEADER, delivery_count
 
 __all__ = ["DELIVERY_COUNT_HEADER", "HandBacks", "ack", "channel_open", "delivery_count", "requeue"]
@@ -44,8 +45,11 @@ class HandBacks:
         max_s: float = 30.0,
         memory: int = 10_000,
         quorum_max_s: float = 300.0,
+        stats: Counter[str] | None = None,
     ) -> None:
         self.call_later = call_later
+        #: ``handed_back`` counts the hand-backs of :meth:`hand_back`
+        self.stats: Counter[str] = Counter() if stats is None else stats
         self.max_s = max_s
         self.quorum_max_s = quorum_max_s
         self.memory = memory
@@ -67,6 +71,12 @@ class HandBacks:
             return float(min(0.5 * 2 ** min(count, 16), self.max_s))
         count = max(count, delivered)
         return float(min(0.5 * 2 ** min(count, 16), max(self.max_s, self.quorum_max_s)))
+
+    def hand_back(self, message: Any, key: Any, delay_s: float | None = None) -> Verdict:
+        """Count a hand-back and requeue ``message`` after its backoff."""
+        self.stats[Verdict.HANDED_BACK] += 1
+        self.requeue_later(message, key, delay_s)
+        return Verdict.HANDED_BACK
 
     def requeue_later(self, message: Any, key: Any, delay_s: float | None = None) -> None:
         """Requeue ``message`` after ``delay_s``, or the backoff of ``key``."""

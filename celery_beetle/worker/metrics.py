@@ -11,21 +11,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["GATE_VERDICTS", "GateCollector"]
+from celery_beetle.worker.verdict import COUNTED
 
-#: the gate's ``stats`` keys, as the ``verdict`` label says them
-GATE_VERDICTS = {
-    "run": "run",
-    "duplicate": "duplicate",
-    "deferred": "deferred",
-    "expired": "expired",
-    "parked": "parked",
-    "waiting": "waiting",
-    "bad_input": "bad_input",
-    "unknown_task": "unknown_task",
-    "handed_back": "handed_back",
-    "errors": "error",
-}
+__all__ = ["GateCollector"]
 
 
 class GateCollector:
@@ -51,8 +39,8 @@ class GateCollector:
         deliveries = CounterMetricFamily(
             "beetle_gate_deliveries", "Copies the gate looked at, by verdict.", labels=["verdict"]
         )
-        for key, verdict in GATE_VERDICTS.items():
-            deliveries.add_metric([verdict], stats.get(key, 0))
+        for verdict in COUNTED:
+            deliveries.add_metric([verdict.value], stats.get(verdict.value, 0))
         yield deliveries
         claims = CounterMetricFamily(
             "beetle_claims", "Claims in Redis by outcome.", labels=["where", "outcome"]
@@ -78,11 +66,14 @@ class GateCollector:
                 count_value=reads.answered,
                 sum_value=reads.waited_s,
             )
-        unavailable = gate.unavailable_s
-        if gate.paused:
-            unavailable += time.monotonic() - gate.paused_at
+        outage = gate.outage
+        unavailable = outage.unavailable_s
+        if outage.paused:
+            unavailable += time.monotonic() - outage.paused_at
         yield GaugeMetricFamily(
-            "beetle_store_up", "0 while the gate finds Redis unavailable.", 0 if gate.paused else 1
+            "beetle_store_up",
+            "0 while the gate finds Redis unavailable.",
+            0 if outage.paused else 1,
         )
         yield CounterMetricFamily(
             "beetle_store_unavailable_seconds",
@@ -92,7 +83,9 @@ class GateCollector:
         yield CounterMetricFamily(
             "beetle_store_pauses", "Times the gate paused for Redis.", stats.get("pauses", 0)
         )
-        yield GaugeMetricFamily("beetle_gate_deferred", "Copies deferred now.", gate.deferred)
+        yield GaugeMetricFamily(
+            "beetle_gate_deferred", "Copies deferred now.", gate.holding.deferred
+        )
         yield GaugeMetricFamily(
             "beetle_gate_held", "Copies parked or waiting for a twin now.", gate.held
         )

@@ -1,45 +1,29 @@
 """One run of a BeetleTask body in a pool process: claim, run, then complete or fail.
 
-:class:`Run` is what :meth:`BeetleTask.__call__` hands the body to. It tells Celery what to
-do with the delivery through Celery's own control-flow exceptions.
+:class:`Run` is what :meth:`BeetleTask.__call__` hands the body to.
+It tells Celery what to do with the delivery through Celery's own control-flow exceptions.
+:doc:`/guides/gate-internals` tells a run's path at length.
 
-Usually the gate has claimed the message already, in its pipelined batch: a *reservation*
-that rides in the delivery's headers (:class:`~celery_beetle.worker.facts.GateClaim`) and counts no
-attempt. As the body begins, the pool **starts** it (``start.lua``, one round trip): the
-attempt counts and the full lease begins, so ``attempts`` counts bodies that began, and a
-delivery that only waited in the pool's queue when its worker died uses none. A reservation
-another copy took over meanwhile is not ours: the copy goes back to the gate. A body that
-succeeds on the gate's claim costs the pool no other round trip, as the gate stores the
-completion before it acks; three rules keep that safe:
+==================  =======================================================================
+the gate's claim    what the pool does
+==================  =======================================================================
+a reservation       **start** as the body begins (one round trip): the attempt counts and
+                    the full lease begins; a reservation taken over meanwhile hands the
+                    copy back to the gate
+none                **claim** before the body and complete after it (two round trips)
+==================  =======================================================================
 
-- an early ack (``acks_late=False``) comes before the body and proves nothing, so such a run
-  stores its completion here;
-- a body that runs on the worker's event loop (the solo pool, gevent, eventlet) stores its
-  completion here: the loop that would store it runs the next bodies first, and a few long
-  ones outlast the lease (the fault explorer's seeds 3022 and 3027: the twin then
-  dead-lettered a body that had returned);
-- a body that succeeded is completed here after all if Celery then fails the run (a result
-  that does not encode, a result backend that raises): the main process would see a
-  failure and ack without storing the completion.
+Rules:
 
-Otherwise (no gate claim: a delivery that found a prefork process free, an ETA task, a Redis
-Cluster, replicas to wait for, the synchronous gate) the pool claims before the body and
-completes after it: two round trips, one of them before the body.
-
-No error of the store's may end with the delivery acked while its outcome is not stored:
-
-- the claim is retried for a few seconds under the same owner (so a claim whose reply was
-  lost is recognised as this run's own), then the delivery is handed back
-  (:class:`~.errors.HandBack`): the gate requeues it after a backoff, pauses if the store is
-  unavailable, and releases the claim by its owner once Redis answers;
-- a completion or failure is retried until stored
-  (:func:`~celery_beetle.store.health.call_until_stored`);
-- a dead letter that cannot be published hands the delivery back; the record keeps it owed,
-  so another copy publishes it after the owner's lease.
-
-Where the pool cannot enforce time limits (solo, threads, gevent, eventlet: the body runs in
-the worker's main process), a :class:`~celery_beetle.worker.lease.LeaseKeeper` extends the lease
-while the body runs, so a slow body is not run again beside itself.
+- A body that succeeds on the gate's claim is completed by the gate, before its ack.
+- The pool completes it here instead after an early ack (``acks_late=False``), on the
+  worker's event loop (solo, gevent, eventlet), or when Celery fails a run whose body returned.
+- A claim is retried for a few seconds under the same owner, then the copy is handed back
+  (:class:`~.errors.HandBack`).
+- A completion or failure is retried until stored
+  (:func:`~celery_beetle.store.health.call_until_stored`).
+- A dead letter that cannot be published hands the copy back; the record keeps it owed.
+- Where the pool cannot cut a body short, a :class:`~.lease.LeaseKeeper` extends its lease.
 """
 
 from __future__ import annotations
@@ -48,35 +32,35 @@ import logging
 import os
 import secrets
 import socket
-import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable
-from typing import Any, Protocol, TypeGuard, TypeVar
+from typing import Any
 
 from billiard.process import current_process
 from celery.exceptions import Ignore, Reject, Retry
-from celery.signals import task_failure, task_internal_error, task_postrun
 
 from celery_beetle import metrics
-from celery_beetle.settings import BeetleSettings
-from celery_beetle.store import RedisStore, wall_clock_ms
-from celery_beetle.store.health import call_until_stored, store_unavailable
+from celery_beetle.store.health import call_until_stored
 from celery_beetle.store.outcome import Claim, ClaimDecision, Failure, GiveUpReason
-from celery_beetle.store.state import MAX_OWNER_LENGTH, MessageFacts, Status
-from celery_beetle.worker import time_limits
-from celery_beetle.worker.deadletter import dead_letter_headers, publish_dead_letter
+from celery_beetle.store.state import MAX_OWNER_LENGTH, Status
+from celery_beetle.worker import run_state, time_limits
+from celery_beetle.worker.deadletter import OwedDeadLetter
 from celery_beetle.worker.errors import AttemptsExhausted, DeadLettered, Deferred, Dropped, HandBack
 from celery_beetle.worker.facts import (
     CLAIM_MARK,
     FACTS_HEADER,
     GateClaim,
-    facts_from_headers,
-    message_facts,
 )
 from celery_beetle.worker.lease import LeaseKeeper
 from celery_beetle.worker.retry_queue import RawMessage, publish_delayed, raw_message_from_request
-from kombu_beetle.trace import flush_role, get_tracer
+from celery_beetle.worker.run_calls import RetriedCalls
+from celery_beetle.worker.run_state import completed_on_the_loop, mark_inbox
+from celery_beetle.worker.runnable import (
+    RunnableTask,
+    is_beetle_task,
+    process_store,
+    request_facts,
+)
+from kombu_beetle.trace import get_tracer
 
 __all__ = [
     "AttemptsExhausted",
@@ -84,6 +68,7 @@ __all__ = [
     "HandBack",
     "Run",
     "RunnableTask",
+    "completed_on_the_loop",
     "is_beetle_task",
     "mark_inbox",
     "process_store",
@@ -91,132 +76,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-_T = TypeVar("_T")
-
-#: How long a claim is retried (same owner) before the delivery is handed back.
-CLAIM_RETRY_S = 3.0
-
-
-class RunnableTask(Protocol):
-    """What the worker needs of a BeetleTask: :class:`~celery_beetle.task.BeetleTask` hands
-    itself to :class:`Run`, and the gate step finds such tasks by :func:`is_beetle_task`
-    (the task module imports this one, never the other way round)."""
-
-    name: str
-    app: Any
-
-    @property
-    def beetle_settings(self) -> BeetleSettings: ...
-
-    def apply_beetle_time_limits(self) -> None: ...
-
-    def run(self, *args: Any, **kwargs: Any) -> Any: ...
-
-
-def is_beetle_task(task: Any) -> TypeGuard[RunnableTask]:
-    """Is ``task`` a BeetleTask (an instance of it or of a subclass)? Read from its class,
-    so that a property is never run to find out."""
-    return callable(getattr(type(task), "apply_beetle_time_limits", None))
-
-
-_stores: dict[tuple[Any, ...], RedisStore] = {}
-
-
-def process_store(settings: BeetleSettings) -> RedisStore:
-    """This process's store: pool processes must not share a parent's Redis sockets."""
-    key = (os.getpid(), settings.redis_url, settings.key_prefix, settings.key_ttl_margin_ms)
-    store = _stores.get(key)
-    if store is None:
-        store = _stores[key] = RedisStore.from_settings(settings)
-    return store
-
-
-def request_facts(request: Any, settings: BeetleSettings) -> MessageFacts:
-    """The dedup identity of the running message: what the gate found, or (no gate
-    installed) the same rules applied to what the request carries."""
-    facts = facts_from_headers(getattr(request, FACTS_HEADER, None))
-    if facts is not None:
-        return facts
-    properties = getattr(request, "properties", None) or {}
-    queue = (request.delivery_info or {}).get("routing_key") or "celery"
-    message_id = properties.get("message_id") or request.id
-    headers = properties.get("application_headers") or {}
-    now = wall_clock_ms()
-    scope = settings.scope_of(queue)
-    return message_facts(queue, str(message_id), headers, settings.message_ttl_ms, now, scope)
-
-
-#: Runs whose body succeeded on the gate's lease, by task id, until Celery reports the run:
-#: a failure after the body (see :func:`_completed_after_all`) completes them here. Bounded:
-#: a successful run is never looked up again.
-_left_to_main: OrderedDict[str, Run] = OrderedDict()
-_LEFT_TO_MAIN_MAX = 256
-
-
-def _leave_to_main(run: Run) -> None:
-    _left_to_main[run.request.id] = run
-    while len(_left_to_main) > _LEFT_TO_MAIN_MAX:
-        _left_to_main.popitem(last=False)
-
-
-def _completed_after_all(sender: Any = None, task_id: Any = None, **kwargs: Any) -> None:
-    """``task_failure`` / ``task_internal_error`` in the pool after a body succeeded."""
-    run = _left_to_main.pop(task_id, None) if task_id else None
-    if run is not None:
-        run.complete_here()
-
-
-task_failure.connect(_completed_after_all, weak=False)
-task_internal_error.connect(_completed_after_all, weak=False)
-
-
-def _publishes_written(**_: Any) -> None:
-    """As a task ends, before its delivery is acked: the ``published`` events of what it
-    sent (a chain's next link) are written, so a worker killed after the ack leaves the
-    audit the publish of a message that then runs (:func:`kombu_beetle.trace.flush_role`)."""
-    flush_role("publisher")
-
-
-task_postrun.connect(_publishes_written, weak=False)
-
-#: The run whose body is on this thread now (the threads pool runs several at once).
-_running = threading.local()
-
-
-#: task ids whose run on the worker's event loop stored its own completion: the main
-#: process's ack must not store (and trace) it a second time (:func:`completed_on_the_loop`)
-_completed_on_the_loop: set[str] = set()
-
-
-def completed_on_the_loop(task_id: str) -> bool:
-    """True (once) if the run of ``task_id`` on the event loop stored its completion."""
-    try:
-        _completed_on_the_loop.remove(task_id)
-    except KeyError:
-        return False
-    return True
-
-
-def _on_the_event_loop() -> bool:
-    """The body runs where the worker's event loop does (solo, gevent, eventlet): the main
-    thread of the main process. A threads pool's bodies run beside the loop."""
-    return (
-        current_process().name == "MainProcess"
-        and threading.current_thread() is threading.main_thread()
-    )
-
-
-def mark_inbox(request: Any) -> bool:
-    """Tell the store that the body running for ``request`` commits its effects through the
-    inbox (:func:`celery_beetle.outbox.inbox.once`), so that a crash right after its commit
-    does not use up the message's last attempt: the next run finds the row and returns
-    (:data:`~celery_beetle.store.outcome.INBOX_EXTRA_STARTS`). True if stored; a store that does
-    not answer within a few seconds costs only that allowance (logged), never the body."""
-    run = getattr(_running, "run", None)
-    if run is None or run.request.id != getattr(request, "id", None) or not run.token:
-        return False
-    return run.mark_inbox()
 
 
 class Run:
@@ -253,17 +112,17 @@ class Run:
         self.lease_deadline_ms = 0
         self.attempt = 0
         self.started = 0.0
-        #: when the last call to the store was sent (monotonic): a lease counts from it
-        self._sent = time.monotonic()
+        #: the calls before the body, retried under this run's owner
+        self.calls = RetriedCalls(task, request, self._name())
         self._inbox_marked = False
 
     def execute(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        _left_to_main.pop(self.request.id, None)
+        run_state.left_to_main.pop(self.request.id, None)
         self._claim_before_the_body()
         self._trace("started")
         self.started = started = time.monotonic()
         keeper = self._keep_lease()
-        outer, _running.run = getattr(_running, "run", None), self
+        outer, run_state.running.run = getattr(run_state.running, "run", None), self
         try:
             result = self.task.run(*args, **kwargs)
         except BaseException as exc:
@@ -272,16 +131,16 @@ class Run:
             self._after_exception(exc, started)
             raise
         finally:
-            _running.run = outer
+            run_state.running.run = outer
         metrics.task_runtime(self.facts.scope, self.task.name, time.monotonic() - started)
         if keeper is not None:
             keeper.stop()
         if self.main_completes:
-            _leave_to_main(self)
+            run_state.leave_to_main(self)
         elif not self._complete(started):
             raise Ignore()
-        elif self.token and _on_the_event_loop():
-            _completed_on_the_loop.add(self.request.id)
+        elif self.token and run_state.on_the_event_loop():
+            run_state.completed_here_on_the_loop.add(self.request.id)
         return result
 
     def _after_exception(self, exc: BaseException, started: float) -> None:
@@ -329,7 +188,7 @@ class Run:
             if current_process().name == "MainProcess":
                 return  # solo, threads, gevent: no time limits, a lease keeper
             counts_from, deadline_ms = time_limits.lease_for_the_body(
-                self.store, self.facts, self.token, self.limits, self._sent, self._name()
+                self.store, self.facts, self.token, self.limits, self.calls.sent, self._name()
             )
             self.lease_deadline_ms = deadline_ms or self.lease_deadline_ms
         finally:
@@ -373,8 +232,8 @@ class Run:
         took over meanwhile (it ran out: this worker's event loop stood still, or Redis was
         away) is not ours: the copy goes back to the gate, which drops it once the message
         is done."""
-        fence = self._with_retries(
-            lambda: self.store.start(self.facts, given.token, self.limits), "start"
+        fence = self.calls(
+            lambda: self.store.start(self.facts, given.token, self.limits), "start", self.owner
         )
         if fence.ok:
             self.token, self.attempt = given.token, fence.attempt or given.attempt
@@ -382,7 +241,7 @@ class Run:
             # the gate stores the completion before its ack; an early ack (acks_late off)
             # proves nothing, so such a run completes here
             self.main_completes = bool(getattr(self.task, "acks_late", True)) and not (
-                _on_the_event_loop()
+                run_state.on_the_event_loop()
             )
             return
         metrics.pool_claim(Claim.LOCKED.value)
@@ -413,56 +272,16 @@ class Run:
 
     def _send_claim(self) -> ClaimDecision:
         """The claim (a start at once: no gate claim), retried under this run's owner."""
-        return self._with_retries(
-            lambda: self.store.claim(self.facts, self.limits, self.owner), "claim"
+        return self.calls(
+            lambda: self.store.claim(self.facts, self.limits, self.owner), "claim", self.owner
         )
-
-    def _with_retries(self, call: Callable[[], _T], what: str) -> _T:
-        """``call`` (a claim or a start), retried under this run's owner for
-        :meth:`_retry_window` (a retry after a lost reply gets this run's lease back, not a
-        second attempt); then the delivery is handed back."""
-        deadline = time.monotonic() + self._retry_window()
-        wait = 0.1
-        while True:
-            self._sent = time.monotonic()
-            try:
-                return call()
-            except Exception as exc:
-                unavailable = store_unavailable(exc)
-                if time.monotonic() + wait > deadline:
-                    if unavailable:  # the gate says the outage, once, as it pauses
-                        logger.debug(
-                            "beetle: cannot %s %s (%r); handing it back", what, self._name(), exc
-                        )
-                    else:
-                        logger.exception(
-                            "beetle: the %s of %s failed; handing it back", what, self._name()
-                        )
-                    raise HandBack(
-                        f"{what} not stored: {exc!r}", 2.0, unavailable, self.owner
-                    ) from exc
-                time.sleep(wait)
-                wait = min(wait * 2, 1.0)
-
-    def _retry_window(self) -> float:
-        """How long the pool retries the store before handing the delivery back:
-        :data:`CLAIM_RETRY_S`, but under prefork at most a tenth of the soft time limit, so a
-        pool process is not held waiting for Redis: back in the gate, the delivery waits for
-        Redis without a pool slot. (The wait is not taken from the body's time limits, which
-        count from the stored start: :mod:`~celery_beetle.worker.time_limits`.)"""
-        if current_process().name == "MainProcess":
-            return CLAIM_RETRY_S  # solo, threads, gevent: no time limits, a lease keeper
-        timelimit = getattr(self.request, "timelimit", None) or (None, None)
-        limits = [getattr(self.task, "soft_time_limit", None), timelimit[1]]
-        soft = min((float(limit) for limit in limits if limit), default=0.0)
-        return min(CLAIM_RETRY_S, soft / 10) if soft else CLAIM_RETRY_S
 
     def mark_inbox(self) -> bool:
         if self._inbox_marked:
             return True
         try:
-            fence = self._with_retries(
-                lambda: self.store.mark_inbox(self.facts, self.token), "inbox mark"
+            fence = self.calls(
+                lambda: self.store.mark_inbox(self.facts, self.token), "inbox mark", self.owner
             )
         except HandBack as exc:
             logger.warning(
@@ -540,34 +359,14 @@ class Run:
     def _dead_letter(
         self, reason: str, exc: BaseException, attempts: int | None, exceptions: int | None
     ) -> None:
-        """Publish the dead letter this run owes, then mark it stored. If it cannot be
-        published the delivery is handed back: the record keeps it owed, and after this
-        run's lease on it another copy publishes it."""
-        headers = dead_letter_headers(
-            reason,
-            self.facts.queue,
-            exc,
-            attempts=attempts,
-            exceptions=exceptions,
-            worker=self.worker,
-            scope=self.facts.scope,
+        """Publish the dead letter this run owes, then mark it stored
+        (:class:`~.deadletter.OwedDeadLetter`)."""
+        owed = OwedDeadLetter(
+            self.task.app, self.store, self.facts, self._raw_message(), self.worker, self._name()
         )
-        try:
-            with self.task.app.producer_or_acquire() as producer:
-                publish_dead_letter(producer, self._raw_message(), self.facts.queue, headers)
-        except Exception as pub_exc:
-            logger.error(
-                "beetle: could not dead-letter %s (%s): %r; handing it back",
-                self._name(),
-                reason,
-                pub_exc,
-            )
-            raise HandBack(f"dead letter not published: {pub_exc!r}", 5.0) from pub_exc
+        owed.publish(reason, exc, attempts, exceptions)
         self._trace("dead_lettered", reason=reason)
-        call_until_stored(
-            lambda _: self.store.dead_lettered(self.facts),
-            f"that {self._name()} is dead-lettered",
-        )
+        owed.mark_stored()
 
     # -- helpers ---------------------------------------------------------------------------
 

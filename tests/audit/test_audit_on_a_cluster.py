@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.gen_trace import Plan, generate
-from tests.harness.ports import free_port
+from celery_beetle.testing.ports import free_port
 
 pytestmark = pytest.mark.spark
 

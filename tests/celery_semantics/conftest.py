@@ -12,8 +12,11 @@ from typing import Any
 
 import pytest
 
+from celery_beetle.testing.worker import WorkerProcess
 from tests.celery_semantics.semantics_app import make_app
-from tests.harness.celery_worker import WorkerProcess
+
+#: the repository: the workers run its test apps
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -45,7 +48,7 @@ def start(brokers: Any, redis_url: str, tmp_path: Path, plain: bool) -> Iterator
            "BEETLE_TEST_PLAIN": "1" if plain else "0"}  # fmt: skip
     worker = WorkerProcess(
         "tests.celery_semantics.semantics_app", log, env, pool="prefork", concurrency=2,
-        name="semantics",
+        name="semantics", root=ROOT,
     ).start()  # fmt: skip
     publisher = make_app(url, redis_url, backend, plain=plain)
     try:

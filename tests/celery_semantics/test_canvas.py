@@ -16,7 +16,7 @@ import pytest
 from celery import chain, chord, group
 from celery.exceptions import TaskRevokedError
 
-from tests.harness.waiting import wait_until
+from celery_beetle.testing.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -17,9 +17,12 @@ from typing import Any
 import pytest
 from celery import chord
 
+from celery_beetle.testing.worker import WorkerProcess
 from tests.celery_semantics.conftest import _backend
 from tests.celery_semantics.semantics_app import make_app
-from tests.harness.celery_worker import WorkerProcess
+
+#: the repository: the workers run its test apps
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.chaos
 
@@ -43,7 +46,7 @@ class Fleet:
     def worker(self, name: str) -> WorkerProcess:
         return WorkerProcess(
             "tests.celery_semantics.semantics_app", self.tmp_path / f"worker-{name}.log",
-            self.env, pool="prefork", concurrency=2, name=f"chord-{name}",
+            self.env, pool="prefork", concurrency=2, name=f"chord-{name}", root=ROOT,
         ).start()  # fmt: skip
 
     def runs(self) -> list[tuple[str, list[str], int]]:

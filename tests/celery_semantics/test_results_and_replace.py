@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from celery.exceptions import TaskRevokedError
 
-from tests.harness.waiting import wait_until
+from celery_beetle.testing.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 

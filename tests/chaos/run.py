@@ -19,7 +19,10 @@ from typing import Any
 
 from kombu import Connection
 
-from tests.harness.celery_worker import WorkerProcess
+from celery_beetle.testing.worker import WorkerProcess
+
+#: the repository: the workers run its test apps
+ROOT = Path(__file__).resolve().parents[2]
 
 #: short transport timeouts, so that a fault is noticed and healed within seconds
 FAST = {
@@ -135,6 +138,7 @@ class ChaosRun:
             pool=pool,
             concurrency=concurrency,
             name=f"chaos{len(self.workers)}",
+            root=ROOT,
         )
         self.workers.append(worker.start())
         self.outs.append(out)

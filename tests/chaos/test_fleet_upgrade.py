@@ -17,10 +17,10 @@ from click.testing import CliRunner
 from kombu import Connection
 
 from celery_beetle.cli import main
+from celery_beetle.testing.waiting import wait_until
 from kombu_beetle.trace import get_tracer
 from tests.chaos.conftest import judge
 from tests.chaos.run import FAST
-from tests.harness.waiting import wait_until
 
 
 class PhasedPublisher(threading.Thread):

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from celery_beetle.testing.waiting import wait_until
 from tests.chaos.conftest import RESULTS, judge
-from tests.harness.waiting import wait_until
 
 QUEUE = "celery"
 #: what a "new" worker's config says once the deploy switched it to quorum

@@ -11,6 +11,9 @@ import time
 
 import pika
 
+from celery_beetle.testing.rabbit import beetle_url
+from celery_beetle.testing.redis_faults import refusing_writes
+from celery_beetle.testing.waiting import wait_until
 from tests.chaos.conftest import judge
 from tests.exactly_once.poison import (
     MUST_DEAD_LETTER,
@@ -18,9 +21,6 @@ from tests.exactly_once.poison import (
     publish_poison,
     take_dead_letters,
 )
-from tests.harness.rabbit import beetle_url
-from tests.harness.redis_faults import refusing_writes
-from tests.harness.waiting import wait_until
 
 
 def test_kill_9_of_a_broker_while_publishing_and_consuming(chaos, brokers, spark, messages):

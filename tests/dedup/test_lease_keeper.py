@@ -11,8 +11,8 @@ import uuid
 from celery_beetle.store import RedisStore, wall_clock_ms
 from celery_beetle.store.outcome import Claim, Limits
 from celery_beetle.store.state import MessageFacts
+from celery_beetle.testing.waiting import wait_until
 from celery_beetle.worker.lease import LeaseKeeper
-from tests.harness.waiting import wait_until
 
 LIMITS = Limits(lease_timeout_ms=1_000, attempts=2, exceptions=1)
 

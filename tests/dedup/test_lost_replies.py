@@ -19,8 +19,8 @@ import redis
 from celery_beetle.store import RedisStore
 from celery_beetle.store.outcome import Claim, Failure, Limits
 from celery_beetle.store.state import MessageFacts, Status
-from tests.harness.proxy import TcpProxy
-from tests.harness.redis_server import RedisServer
+from celery_beetle.testing.proxy import TcpProxy
+from celery_beetle.testing.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
 

@@ -21,9 +21,9 @@ from celery_beetle.store import RedisStore, ReplicaAckTimeout, connect, wall_clo
 from celery_beetle.store.health import STORE_ERRORS, RedisProbe
 from celery_beetle.store.outcome import Fence, Gate, Limits
 from celery_beetle.store.state import MessageFacts
-from tests.harness.ports import free_port
-from tests.harness.redis_server import redis_server_binary
-from tests.harness.waiting import wait_until
+from celery_beetle.testing.ports import free_port
+from celery_beetle.testing.redis_server import redis_server_binary
+from celery_beetle.testing.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ import pytest
 from celery import Celery
 
 import celery_beetle  # noqa: F401  (registers beetle://)
-from tests.harness.celery_worker import WorkerProcess
+from celery_beetle.testing.worker import WorkerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,9 +8,9 @@ import uuid
 
 import pika
 
+from celery_beetle.testing.waiting import wait_until
 from tests.exactly_once.conftest import counts
 from tests.exactly_once.poison import take_dead_letters
-from tests.harness.waiting import wait_until
 
 
 def _publish(node, vhost: str, *, task: str, body: bytes, message_id: str | None, **headers):

@@ -9,8 +9,8 @@ from typing import Any
 
 from kombu import Connection
 
+from celery_beetle.testing.waiting import wait_until
 from tests.exactly_once.conftest import counts
-from tests.harness.waiting import wait_until
 
 
 def test_redundant_messages_show_one_received_and_one_succeeded_event_each(

@@ -6,9 +6,9 @@ import json
 
 import redis
 
+from celery_beetle.testing.waiting import wait_until
 from tests.exactly_once.conftest import counts
 from tests.exactly_once.poison import celery_queue_empty
-from tests.harness.waiting import wait_until
 
 
 def test_second_copy_is_acked_without_running_when_first_completed(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+from celery_beetle.testing.waiting import wait_until
 from tests.exactly_once.conftest import counts
 from tests.exactly_once.poison import (
     celery_queue_empty,
@@ -19,7 +20,6 @@ from tests.exactly_once.poison import (
     take_dead_letters,
     worker_restarted,
 )
-from tests.harness.waiting import wait_until
 
 NO_GRACE = {"BEETLE_TEST_CONF": json.dumps({"beetle_unknown_task_grace": 0})}
 

@@ -16,8 +16,8 @@ import pytest
 
 from celery_beetle.store import RedisStore
 from celery_beetle.store.state import Status
+from celery_beetle.testing.waiting import wait_until
 from tests.exactly_once.conftest import counts
-from tests.harness.waiting import wait_until
 
 #: BeetleTask's defaults, spelled out (tests/exactly_once/app.py defaults to attempts=3)
 DEFAULTS = {"timeout": 300, "attempts": 1, "exceptions": 0, "retry_delay": 10, "max_delay": 600}

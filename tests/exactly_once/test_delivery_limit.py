@@ -17,10 +17,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from celery_beetle.testing.waiting import wait_until
 from tests.exactly_once.conftest import counts
 from tests.exactly_once.poison import celery_queue_empty, stored_dead_letters
 from tests.exactly_once.test_defaults import DEFAULTS
-from tests.harness.waiting import wait_until
 
 #: the queue declared quorum as every supported Celery can (``task_default_queue_type`` is
 #: Celery 5.5's): a ``task_queues`` entry with its arguments

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from celery_beetle.testing.waiting import wait_until
 from tests.exactly_once.conftest import ROOT, counts
-from tests.harness.waiting import wait_until
 
 
 def _drained(brokers, queue: str = "celery") -> bool:

@@ -23,8 +23,8 @@ import redis
 
 from celery_beetle.store import RedisStore
 from celery_beetle.store.state import Status
+from celery_beetle.testing.waiting import wait_until
 from tests.exactly_once.conftest import GATE_CLAIMS, counts
-from tests.harness.waiting import wait_until
 
 
 def _evalsha_calls(redis_url: str) -> int:

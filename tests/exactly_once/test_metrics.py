@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from celery_beetle.audit.naive import audit, expand
+from celery_beetle.testing.ports import free_port
 from celery_beetle.testing.rabbit import beetle_url
+from celery_beetle.testing.waiting import wait_until
 from kombu_beetle.trace import flush_all
 from tests.exactly_once.conftest import counts
-from tests.harness.ports import free_port
-from tests.harness.waiting import wait_until
 
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402

@@ -10,9 +10,9 @@ import json
 import re
 import time
 
+from celery_beetle.testing.rabbit import beetle_url
+from celery_beetle.testing.waiting import wait_until
 from tests.exactly_once.conftest import counts
-from tests.harness.rabbit import beetle_url
-from tests.harness.waiting import wait_until
 
 
 def _lines(log: str, pattern: str) -> list[str]:

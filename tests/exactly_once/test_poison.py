@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from celery_beetle.store import RedisStore
+from celery_beetle.testing.waiting import wait_until
 from kombu_beetle.envelope import EXPIRES_AT_HEADER
 from tests.exactly_once.conftest import counts
 from tests.exactly_once.poison import (
@@ -31,7 +32,6 @@ from tests.exactly_once.poison import (
     task_body,
     worker_restarted,
 )
-from tests.harness.waiting import wait_until
 
 POOLS = [
     pytest.param({}, id="solo"),

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
+from celery_beetle.testing.waiting import wait_until
 from tests.exactly_once.conftest import counts
-from tests.harness.waiting import wait_until
 
 #: BeetleTask's defaults (tests.exactly_once.app sets shorter ones for other tests)
 DEFAULTS = {"timeout": 300, "attempts": 1, "exceptions": 0, "retry_delay": 10, "max_delay": 600}

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
+from celery_beetle.testing.waiting import wait_until
 from tests.exactly_once.conftest import counts
-from tests.harness.waiting import wait_until
 
 QUORUM = {"task_default_queue_type": "quorum"}
 

@@ -16,8 +16,8 @@ from celery_beetle.ops.management import clients_for_url
 from celery_beetle.ops.policies import PolicyConfig, apply
 from celery_beetle.ops.replay import kombu_publisher, replay
 from celery_beetle.store import RedisStore
+from celery_beetle.testing.waiting import wait_until
 from tests.exactly_once.conftest import FAST, counts
-from tests.harness.waiting import wait_until
 from tests.ops.conftest import management_config
 
 pytestmark = pytest.mark.integration

@@ -22,11 +22,11 @@ from celery_beetle.ops.management import clients_for_url
 from celery_beetle.ops.policies import PolicyConfig, apply
 from celery_beetle.ops.replay import kombu_publisher, replay
 from celery_beetle.store import RedisStore
+from celery_beetle.testing.waiting import wait_until
 from kombu_beetle.envelope import EXPIRES_AT_HEADER, FLAGS_HEADER
 from tests.exactly_once.conftest import FAST, counts
 from tests.exactly_once.poison import celery_queue_empty, publish_raw, task_body
 from tests.exactly_once.test_replay import dead_letter_count, give_up
-from tests.harness.waiting import wait_until
 from tests.ops.conftest import management_config
 
 pytestmark = pytest.mark.integration

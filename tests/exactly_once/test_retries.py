@@ -5,9 +5,9 @@ from __future__ import annotations
 import redis
 from celery.result import AsyncResult
 
+from celery_beetle.testing.waiting import wait_until
 from tests.exactly_once.conftest import counts
 from tests.exactly_once.poison import death_of, take_dead_letters
-from tests.harness.waiting import wait_until
 
 
 def _dead_letters(brokers, queue: str = "celery.dead") -> list:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from celery_beetle.testing.waiting import wait_until
 from tests.exactly_once.conftest import ROOT, counts
-from tests.harness.waiting import wait_until
 
 #: the commit whose workers this one must run beside: the last release before the hardening
 #: and dedup-identity changes (what a fleet runs when it upgrades)

@@ -12,8 +12,8 @@ import uuid
 
 import redis
 
+from celery_beetle.testing.waiting import wait_until
 from tests.exactly_once.conftest import counts
-from tests.harness.waiting import wait_until
 
 
 def _drained(brokers, queues: tuple[str, ...]) -> bool:

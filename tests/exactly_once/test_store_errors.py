@@ -14,10 +14,10 @@ import time
 
 from celery_beetle.store import RedisStore
 from celery_beetle.store.state import Status
+from celery_beetle.testing.redis_faults import refusing_writes
+from celery_beetle.testing.waiting import wait_until
 from tests.exactly_once.conftest import GATE_CLAIMS, counts
 from tests.exactly_once.poison import celery_queue_empty, worker_restarted
-from tests.harness.redis_faults import refusing_writes
-from tests.harness.waiting import wait_until
 
 TASKS = 200
 REFUSAL_S = 5

@@ -16,10 +16,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from celery_beetle.testing.proxy import TcpProxy
+from celery_beetle.testing.waiting import wait_until
 from tests.exactly_once.conftest import counts
 from tests.exactly_once.poison import celery_queue_empty, take_dead_letters
-from tests.harness.proxy import TcpProxy
-from tests.harness.waiting import wait_until
 
 #: the defaults (attempts=1, exceptions=0) with the explorer's shortest lease: a 3 s soft
 #: limit and a 3.5 s hard limit

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
+from celery_beetle.testing.waiting import wait_until
 from tests.exactly_once.conftest import counts
 from tests.exactly_once.poison import celery_queue_empty, take_dead_letters
-from tests.harness.waiting import wait_until
 
 #: a 2 s lease: soft limit 1 s, hard 1.5 s; attempts, exceptions and backoff at the defaults
 LEASE_ONLY = {

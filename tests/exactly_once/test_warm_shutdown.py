@@ -14,10 +14,10 @@ import time
 
 import pytest
 
+from celery_beetle.testing.waiting import wait_until
 from tests.exactly_once.conftest import counts
 from tests.exactly_once.poison import celery_queue_empty, stored_dead_letters
 from tests.exactly_once.test_defaults import DEFAULTS
-from tests.harness.waiting import wait_until
 
 
 @pytest.mark.timeout(300)

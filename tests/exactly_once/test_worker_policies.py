@@ -7,7 +7,7 @@ import json
 import pytest
 
 from celery_beetle.ops.management import clients_for_url
-from tests.harness.waiting import wait_until
+from celery_beetle.testing.waiting import wait_until
 from tests.ops.conftest import management_config
 
 pytestmark = pytest.mark.integration

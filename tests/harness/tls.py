@@ -19,9 +19,9 @@ from typing import Any
 
 import redis
 
-from tests.harness.ports import free_port
-from tests.harness.rabbit import RabbitNode
-from tests.harness.redis_server import RedisServer
+from celery_beetle.testing.ports import free_port
+from celery_beetle.testing.rabbit import RabbitNode
+from celery_beetle.testing.redis_server import RedisServer
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,10 @@ import pytest
 import redis
 from pika.adapters.utils.connection_workflow import AMQPConnectorException
 
-from tests.harness import BrokerSet, RabbitNode, RedisServer, TcpProxy
-from tests.harness.ports import process_alive
+from celery_beetle.testing.ports import process_alive
+from celery_beetle.testing.proxy import TcpProxy
+from celery_beetle.testing.rabbit import BrokerSet, RabbitNode
+from celery_beetle.testing.redis_server import RedisServer
 
 FAST_FAIL = {"socket_timeout": 1, "stack_timeout": 2}
 # A handshake timeout surfaces as pika's connector exception, not as an AMQPConnectionError.

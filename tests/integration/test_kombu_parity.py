@@ -14,7 +14,7 @@ import pytest
 from celery import Celery
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
-from tests.harness.rabbit import RabbitNode
+from celery_beetle.testing.rabbit import RabbitNode
 from tests.integration.conftest import FAST
 
 

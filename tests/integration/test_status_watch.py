@@ -8,7 +8,7 @@ from rich.console import Console
 
 from celery_beetle.cli import main
 from celery_beetle.cli.top import watch
-from tests.harness.ports import free_port
+from celery_beetle.testing.ports import free_port
 
 prometheus_client = pytest.importorskip("prometheus_client")
 

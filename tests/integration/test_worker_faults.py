@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 from kombu import Connection
 
-from tests.harness.waiting import wait_until
+from celery_beetle.testing.waiting import wait_until
 from tests.integration.celery_app import app as celery_app
 from tests.integration.conftest import FAST
 
@@ -136,7 +136,7 @@ def test_a_broker_that_comes_back_is_consumed_again(brokers, worker):
 
 def test_cut_traffic_to_one_broker_is_survived_and_healed(brokers, worker, tcp_proxy):
     proxy = tcp_proxy(brokers.nodes[0])
-    from tests.harness.rabbit import beetle_url
+    from celery_beetle.testing.rabbit import beetle_url
 
     url = beetle_url([proxy.host_port, brokers.nodes[1].host_port], brokers.vhost)
     w = worker(url, options=REDUNDANT)

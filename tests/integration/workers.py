@@ -8,7 +8,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tests.harness.celery_worker import WorkerProcess
+from celery_beetle.testing.worker import WorkerProcess
+
+#: the repository: the workers run its test apps
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class Worker(WorkerProcess):

@@ -12,7 +12,7 @@ from kombu import Connection, Consumer, Queue
 import kombu_beetle  # noqa: F401
 from celery_beetle.cli import main
 from celery_beetle.ops.fleet import classify, version_tuple
-from tests.harness.waiting import wait_until
+from celery_beetle.testing.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 

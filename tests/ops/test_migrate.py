@@ -127,7 +127,7 @@ def test_one_migration_process_per_queue_and_a_dead_ones_lease_runs_out(redis_ur
 def test_a_plain_consumer_of_the_queue_makes_the_migration_refuse_to_start(brokers, redis_url):
     from kombu import Connection, Consumer, Queue
 
-    from tests.harness.waiting import wait_until
+    from celery_beetle.testing.waiting import wait_until
 
     _classic_queue_with_messages(brokers, "jobs", 0)
     url = brokers.nodes[0].amqp_url(brokers.vhost).replace("amqp://", "pyamqp://")
@@ -175,8 +175,8 @@ def test_a_migration_that_lost_its_lease_stops_before_its_next_step_and_the_resu
     from celery_beetle.ops.management import clients_for_url
     from celery_beetle.ops.migrate import MigrationError, MigrationLock, Migrator, StateStore
     from celery_beetle.store import connect
+    from celery_beetle.testing.waiting import wait_until
     from kombu_beetle.options import build_options
-    from tests.harness.waiting import wait_until
     from tests.ops.conftest import management_config
 
     _classic_queue_with_messages(brokers, "jobs", 5)

@@ -27,11 +27,14 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
+from celery_beetle.testing.rabbit import BrokerSet
 from celery_beetle.testing.servers import fresh_vhost
-from tests.harness import BrokerSet
-from tests.harness.celery_worker import WorkerProcess
-from tests.harness.waiting import wait_until
+from celery_beetle.testing.waiting import wait_until
+from celery_beetle.testing.worker import WorkerProcess
 from tests.ops.held_app import make_app
+
+#: the repository: the workers run its test apps
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +52,7 @@ def _worker(brokers, redis_url, out: Path) -> WorkerProcess:
     out.touch()
     return WorkerProcess(
         "tests.ops.held_app", out.with_suffix(".log"), env, pool="prefork", concurrency=2,
-        queue=QUEUE, name="held", extra_args=("--without-heartbeat",),
+        queue=QUEUE, name="held", extra_args=("--without-heartbeat",), root=ROOT,
     ).start()  # fmt: skip
 
 

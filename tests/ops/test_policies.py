@@ -9,7 +9,7 @@ import redis
 
 from celery_beetle.ops.applier import FleetLock, PolicyApplier
 from celery_beetle.ops.policies import PolicyConfig, apply, plan
-from tests.harness.waiting import wait_until
+from celery_beetle.testing.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 

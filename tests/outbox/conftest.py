@@ -1,4 +1,4 @@
-"""Fixtures for the outbox: a throwaway PostgreSQL (tests/harness/postgres.py) and a
+"""Fixtures for the outbox: a throwaway PostgreSQL (:mod:`celery_beetle.testing.postgres`) and a
 database with the outbox tables per test.
 
 ``postgres`` (session) is shared; tests that kill it take ``postgres_own``. A missing
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness.postgres import PostgresServer, postgres_bin_dir
+from celery_beetle.testing.postgres import PostgresServer, postgres_bin_dir
 
 pytestmark = pytest.mark.integration
 

@@ -21,9 +21,12 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from celery_beetle.testing.waiting import wait_until
+from celery_beetle.testing.worker import WorkerProcess
 from tests.chaos.run import FAST, TASK_OPTIONS
-from tests.harness.celery_worker import ROOT, WorkerProcess
-from tests.harness.waiting import wait_until
+
+#: the repository: the workers run its test apps
+ROOT = Path(__file__).resolve().parents[2]
 
 ORDERS = sa.Table(
     "orders",
@@ -149,6 +152,7 @@ class OutboxRun:
             pool="prefork",
             concurrency=concurrency,
             name=f"outbox{len(self.workers)}",
+            root=ROOT,
         )
         self.workers.append(worker.start())
         self.outs.append(out)

@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from celery_beetle.outbox.table import ASIDE, OUTBOX
-from tests.harness.waiting import wait_until
+from celery_beetle.testing.waiting import wait_until
 from tests.outbox.conftest import new_outbox_db
 
 pytestmark = pytest.mark.chaos

@@ -29,11 +29,14 @@ from celery_beetle.outbox import inbox
 from celery_beetle.outbox.db import engine_for
 from celery_beetle.outbox.relay import Relay
 from celery_beetle.outbox.table import INBOX
+from celery_beetle.testing.waiting import wait_until
+from celery_beetle.testing.worker import WorkerProcess
 from tests.chaos.run import FAST, TASK_OPTIONS
 from tests.exactly_once.app import make_app
-from tests.harness.celery_worker import WorkerProcess
-from tests.harness.waiting import wait_until
 from tests.outbox.inbox_app import EFFECTS
+
+#: the repository: the workers run its test apps
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(
@@ -82,7 +85,7 @@ class InboxRun:
         log = self.base / f"worker{self.starts}.log"  # a fresh log: start() waits for "ready"
         concurrency = 2 if pool == "prefork" else 1
         worker = WorkerProcess(
-            "tests.outbox.inbox_app", log, env, pool=pool, concurrency=concurrency
+            "tests.outbox.inbox_app", log, env, pool=pool, concurrency=concurrency, root=ROOT
         )
         self.worker = worker.start()
 

@@ -12,9 +12,9 @@ from sqlalchemy.orm import Session
 from celery_beetle import outbox
 from celery_beetle.outbox.db import engine_for
 from celery_beetle.outbox.relay import Relay
+from celery_beetle.testing.waiting import wait_until
 from tests.chaos.run import FAST
 from tests.exactly_once.app import make_app
-from tests.harness.waiting import wait_until
 
 
 @pytest.fixture

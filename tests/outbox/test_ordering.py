@@ -21,9 +21,9 @@ from celery_beetle.cli import main
 from celery_beetle.outbox.db import engine_for
 from celery_beetle.outbox.relay import Relay, claim_keyed
 from celery_beetle.outbox.table import OUTBOX
+from celery_beetle.testing.waiting import wait_until
 from tests.chaos.run import FAST
 from tests.exactly_once.app import make_app
-from tests.harness.waiting import wait_until
 
 
 @pytest.fixture

@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
+from celery_beetle.testing.ports import free_port
 from celery_beetle.testing.rabbit import beetle_url
 from celery_beetle.testing.servers import server_missing
+from celery_beetle.testing.waiting import wait_until
 from tests.exactly_once.conftest import counts
-from tests.harness.ports import free_port
-from tests.harness.waiting import wait_until
 from tests.prometheus import panels
 
 prometheus_client = pytest.importorskip("prometheus_client")

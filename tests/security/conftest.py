@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from celery_beetle.testing.rabbit import rabbitmq_server_binary, start_all
+from celery_beetle.testing.redis_server import redis_server_binary
 from tests.conftest import _server_missing, _start_timeout
-from tests.harness.rabbit import rabbitmq_server_binary, start_all
-from tests.harness.redis_server import redis_server_binary
 from tests.harness.tls import Certificates, TlsRabbitNode, TlsRedisServer, make_certificates
 
 pytestmark = pytest.mark.integration

@@ -17,12 +17,12 @@ from kombu import Connection
 
 from celery_beetle.cli import main
 from celery_beetle.store import address as store
+from celery_beetle.testing.waiting import wait_until
 from kombu_beetle.brokers import BrokerLink
 from kombu_beetle.errors import BrokerTLSError, NoBrokerAvailable
 from kombu_beetle.options import build_options
 from tests.exactly_once.conftest import FAST, EoWorker, counts
 from tests.harness.tls import TlsRabbitNode
-from tests.harness.waiting import wait_until
 from tests.security.conftest import SECRET
 
 pytestmark = pytest.mark.integration

@@ -21,7 +21,7 @@ from celery_beetle.store.state import MessageFacts
 from celery_beetle.worker.deadletter import dead_letter_headers, publish_dead_letter
 from celery_beetle.worker.facts import FACTS_HEADER, facts_from_headers
 from celery_beetle.worker.retry_queue import RawMessage, publish_delayed
-from celery_beetle.worker.run import request_facts
+from celery_beetle.worker.runnable import request_facts
 from kombu_beetle.envelope import FLAGS_HEADER
 from kombu_beetle.errors import InvalidTransportOption
 from kombu_beetle.options import build_options
@@ -175,8 +175,7 @@ class Recorder:
 
 
 def test_gate_events_name_the_scope(h):
-    h.gate.scopes = {"jobs.v2": "jobs"}
-    h.gate.tracer = tracer = Recorder()
+    h.rebuild(scopes={"jobs.v2": "jobs"}, tracer=(tracer := Recorder()))
     message = Message()
     message.delivery_info["routing_key"] = "jobs.v2"
     h.deliver(message)

@@ -112,15 +112,21 @@ class Harness:
         self.dead: list[tuple[Any, str, str, str]] = []
         self.started: list[tuple[Message, Callable[[], None]]] = []
         self.redis_answers = True
-        self.gate = DeliveryGate(
-            store=self.store,
-            call_later=self.timer,
-            qos=lambda: self.qos,
-            dead_letter=lambda *args: self.dead.append(args),
-            queue_of=lambda message: message.delivery_info["routing_key"],
-            probe=lambda: self.redis_answers,
-            clock=self.clock,
-        )
+        self.gate = self.rebuild()
+
+    def rebuild(self, **options: Any) -> DeliveryGate:
+        """A new gate on the harness's fakes, with ``options`` (the gate's fields) given."""
+        given: dict[str, Any] = {
+            "store": self.store,
+            "call_later": self.timer,
+            "qos": lambda: self.qos,
+            "dead_letter": lambda *args: self.dead.append(args),
+            "queue_of": lambda message: message.delivery_info["routing_key"],
+            "probe": lambda: self.redis_answers,
+            "clock": self.clock,
+        }
+        self.gate = DeliveryGate(**{**given, **options})
+        return self.gate
 
     def deliver(self, message: Message) -> str:
         return self.gate.handle(
@@ -157,7 +163,7 @@ def test_waiting_copy_is_acked_as_a_duplicate_once_its_twin_completes(h):
     _, done = h.started[0]
     claim = h.store.claim(h.facts(), LIMITS, "me:1")
     h.store.complete(h.facts(), claim.token)
-    done()
+    done.finished()
     h.timer.advance()
     assert second.acks == 1
     assert len(h.started) == 1
@@ -173,7 +179,7 @@ def test_a_finished_run_frees_its_delivery_without_the_cyclic_garbage_collector(
         message = Message()
         h.deliver(message)
         done = h.started.pop()[1]
-        done()
+        done.finished()
         h.timer.advance()
         freed = weakref.ref(message)
         del message, done
@@ -311,7 +317,7 @@ def test_copy_of_a_run_that_completed_here_is_dropped_without_reading_redis(h):
     h.deliver(second)
     first.headers[FACTS_HEADER]["completed"] = True  # what BeetleRequest marks on success
     _, done = h.started[0]
-    done()
+    done.finished()
     h.timer.advance()
     h.deliver(late)
     assert second.acks == 1 and late.acks == 1
@@ -326,7 +332,7 @@ def test_a_run_that_did_not_complete_here_leaves_the_decision_to_redis(h):
     token = h.store.claim(h.facts(), LIMITS, "me:1").token
     h.store.fail(h.facts(), token, LIMITS, retryable=True)
     _, done = h.started[0]
-    done()
+    done.finished()
     h.timer.advance()
     assert second.acks == 0
     assert h.gate.stats["deferred"] == 1
@@ -377,8 +383,9 @@ class ManualReads:
 
 @pytest.fixture
 def pipelined(h: Harness) -> ManualReads:
-    h.gate.reads = ManualReads(h.store)
-    return h.gate.reads
+    reads = ManualReads(h.store)
+    h.rebuild(reads=reads)
+    return reads
 
 
 def test_a_delivery_goes_on_when_its_read_is_answered_and_its_twin_waits_without_a_read(
@@ -392,7 +399,7 @@ def test_a_delivery_goes_on_when_its_read_is_answered_and_its_twin_waits_without
     assert [m for m, _ in h.started] == [first]
     _, done = h.started[0]
     first.headers[FACTS_HEADER]["completed"] = True
-    done()
+    done.finished()
     assert second.acks == 1 and pipelined.asked == []
 
 
@@ -493,7 +500,7 @@ class RecordingTracer:
 def test_bad_input_writes_a_dead_lettered_event_so_a_replay_of_it_is_not_counted_lost(h):
     # the explorer's seed 5071: a bad message replayed from the dead letters and found bad
     # again left no evidence of its second dead letter; the audit counted it lost
-    h.gate.tracer = tracer = RecordingTracer()
+    h.rebuild(tracer=(tracer := RecordingTracer()))
     message = Message(message_id="bad-1", decodes=False)
     assert h.deliver(message) == "bad_input"
     dead = [(mid, f["queue"], f["detail"]) for ev, mid, f in tracer.events if ev == "dead_lettered"]
@@ -504,7 +511,7 @@ def test_bad_input_whose_dead_letter_fails_is_handed_back_not_acked(h):
     def refuse(*args: Any) -> None:
         raise ConnectionResetError("broker gone")
 
-    h.gate.dead_letter = refuse
+    h.rebuild(dead_letter=refuse)
     message = RejectingMessage(decodes=False)
     assert h.deliver(message) == "handed_back"
     assert message.acks == 0 and message.requeued == 0
@@ -513,7 +520,7 @@ def test_bad_input_whose_dead_letter_fails_is_handed_back_not_acked(h):
 
 
 def test_bad_input_another_worker_is_dead_lettering_is_handed_back_after_its_lease(h):
-    h.gate.dead_letter = lambda *args: 7.0
+    h.rebuild(dead_letter=lambda *args: 7.0)
     message = RejectingMessage(decodes=False)
     assert h.deliver(message) == "handed_back"
     h.timer.advance(6.9)
@@ -536,7 +543,7 @@ class BrokenStore(FakeStore):
 def test_a_store_out_of_memory_pauses_the_gate_like_an_unreachable_one(h):
     from redis.exceptions import OutOfMemoryError
 
-    h.gate.store = store = BrokenStore(clock=h.clock)
+    h.rebuild(store=(store := BrokenStore(clock=h.clock)))
     store.error = OutOfMemoryError("OOM command not allowed")
     message = RejectingMessage()
     assert h.deliver(message) == "parked"
@@ -546,7 +553,7 @@ def test_a_store_out_of_memory_pauses_the_gate_like_an_unreachable_one(h):
 def test_an_error_nobody_foresaw_hands_the_delivery_back_with_a_growing_backoff(h):
     from redis.exceptions import ResponseError
 
-    h.gate.store = store = BrokenStore(clock=h.clock)
+    h.rebuild(store=(store := BrokenStore(clock=h.clock)))
     store.error = ResponseError("WRONGTYPE Operation against a key holding the wrong kind")
     message = RejectingMessage()
     assert h.deliver(message) == "handed_back"
@@ -572,23 +579,23 @@ def test_a_gate_bug_never_raises_out_and_hands_the_delivery_back(h):
 
 
 def test_deferred_copies_past_the_bound_stop_widening_the_prefetch_window(h):
-    h.gate.max_deferred = 2
+    h.rebuild(max_deferred=2)
     for n in range(4):
         h.run_elsewhere(f"m{n}")
         assert h.deliver(Message(message_id=f"m{n}")) == "deferred"
-    assert h.qos.extra == 2 and h.gate.deferred == 4
+    assert h.qos.extra == 2 and h.gate.holding.deferred == 4
     assert h.gate.stats["deferred_past_bound"] == 2
     h.timer.advance(11)  # every lease ran out: they run, and the window is back
-    assert h.qos.extra == 0 and h.gate.deferred == 0
+    assert h.qos.extra == 0 and h.gate.holding.deferred == 0
 
 
 def test_deferred_bytes_are_bounded_too(h):
-    h.gate.max_deferred_bytes = 10
+    h.rebuild(max_deferred_bytes=10)
     h.run_elsewhere("m1")
     message = Message(message_id="m1")
     message.body = b"x" * 11  # type: ignore[attr-defined]
     assert h.deliver(message) == "deferred"
-    assert h.qos.extra == 0 and h.gate.deferred_bytes == 11
+    assert h.qos.extra == 0 and h.gate.holding.deferred_bytes == 11
 
 
 def test_a_run_the_pool_handed_back_is_requeued_after_a_backoff_and_its_claim_released(h):
@@ -598,7 +605,7 @@ def test_a_run_the_pool_handed_back_is_requeued_after_a_backoff_and_its_claim_re
     claim = h.store.claim(h.facts(), LIMITS, "run-1")  # applied, its reply lost
     rejected: list[int] = []
     mark = {"delay_s": 2.0, "store": True, "owner": "run-1", "reason": "claim not stored"}
-    done(mark, lambda: rejected.append(1))
+    done.handed_back(mark, lambda: rejected.append(1))
     assert h.gate.paused and rejected == []
     h.timer.advance(1.0)  # the probe succeeds: the claim is released by its owner first
     assert not h.gate.paused
@@ -610,7 +617,7 @@ def test_a_run_the_pool_handed_back_is_requeued_after_a_backoff_and_its_claim_re
 
 
 def test_an_unknown_task_is_handed_back_within_its_grace_then_dead_lettered(h):
-    h.gate.unknown_task_grace_ms = 10_000
+    h.rebuild(unknown_task_grace_ms=10_000)
     message = RejectingMessage()
     assert h.gate.unknown_task(message, "t.new", "NotRegistered") == "handed_back"
     h.timer.advance(0.5)
@@ -668,7 +675,7 @@ def test_a_twin_of_a_message_running_here_is_held_raw_and_acked_when_its_run_com
     pipelined.answer()
     _, done = h.started[0]
     first.headers[FACTS_HEADER]["completed"] = True
-    done()
+    done.finished()
     assert raw.channel.acked == [7] and delivered == []
     assert h.gate.stats["twins_held"] == 1 and h.gate.stats["duplicate"] == 1
     assert pipelined.asked == [], "no Redis call for the twin"
@@ -680,7 +687,7 @@ def test_a_held_twin_goes_on_through_the_gate_when_its_run_ends_without_completi
     held, delivered = hold(h, raw)
     assert held
     _, done = h.started[0]
-    done()  # not completed: a retry, a failure, a lease taken over
+    done.finished()  # not completed: a retry, a failure, a lease taken over
     h.timer.advance()
     assert delivered == [raw] and raw.channel.acked == []
 
@@ -690,7 +697,7 @@ def test_a_twin_of_a_message_completed_here_a_moment_ago_is_acked_at_once(h):
     h.deliver(first)
     _, done = h.started[0]
     first.headers[FACTS_HEADER]["completed"] = True
-    done()
+    done.finished()
     raw = Raw(tag=9)
     held, delivered = hold(h, raw)
     assert held and raw.channel.acked == [9] and delivered == []
@@ -699,7 +706,7 @@ def test_a_twin_of_a_message_completed_here_a_moment_ago_is_acked_at_once(h):
 def test_a_copy_of_a_message_not_running_here_is_left_to_the_gate(h):
     assert hold(h, Raw()) == (False, [])
     assert hold(h, Raw(message_id="")) == (False, [])
-    h.gate.paused = True
+    h.gate.outage.pause(RuntimeError("connection refused"))
     h.deliver(Message())
     assert hold(h, Raw()) == (False, [])
 
@@ -724,26 +731,26 @@ def test_a_held_twin_whose_channel_was_reopened_is_neither_acked_nor_sent_on(h):
     raw.channel.beetle_incarnation = 1
     _, done = h.started[0]
     first.headers[FACTS_HEADER]["completed"] = True
-    done()
+    done.finished()
     assert raw.channel.acked == []
     h.deliver(Message(message_id="m2"))
     held, delivered = hold(h, other)
     assert held
     other.channel.beetle_incarnation = 1
     _, done = h.started[1]
-    done()  # not completed: the twin would go on through the gate
+    done.finished()  # not completed: the twin would go on through the gate
     h.timer.advance()
     assert delivered == [] and other.channel.rejected == []
 
 
 def test_a_held_twin_sent_on_is_traced_and_counted_as_delivered_once(h):
-    h.gate.tracer = tracer = RecordingTracer()
+    h.rebuild(tracer=(tracer := RecordingTracer()))
     h.deliver(Message())
     raw = Raw()
     held, delivered = hold(h, raw)
     assert held
     _, done = h.started[0]
-    done()  # not completed: the twin goes on through Celery and the gate
+    done.finished()  # not completed: the twin goes on through Celery and the gate
     h.timer.advance()
     assert delivered == [raw]
     again = Message(broker="rabbit-b")

@@ -114,7 +114,7 @@ class Harness:
         def acked() -> None:
             message.ack()
             self.acked.append(message)
-            done()
+            done.finished()
 
         if self.gate.complete_before_ack(message, acked):
             return True
@@ -281,10 +281,10 @@ def test_a_release_redis_refuses_for_another_reason_does_not_hold_up_the_others(
         return real_release(facts, token, owner)
 
     h.store.release = release  # type: ignore[method-assign]
-    h.gate._release_later(h.facts("bad"), "owner-bad")
-    h.gate._release_later(good, "owner-good")
+    h.gate.outage.release_later(h.facts("bad"), "owner-bad")
+    h.gate.outage.release_later(good, "owner-good")
     assert h.store.peek("jobs", "good").status is Status.PENDING
-    assert not h.gate._to_release
+    assert not h.gate.outage.to_release
 
 
 def _gate_tracer(directory: Path) -> TraceWriter:
@@ -492,7 +492,7 @@ def test_a_copy_that_failed_in_an_idle_pool_goes_through_the_gate_when_looked_at
     h.deliver(first)
     h.deliver(twin)
     ((_, done),) = h.started
-    done()  # ended without a completion (the pool's claim found it locked elsewhere)
+    done.finished()  # ended without a completion (the pool's claim found it locked elsewhere)
     h.timer.advance()
     assert h.calls.kinds == ["claim"], "the woken twin asks Redis, it is not sent unclaimed"
 

@@ -19,8 +19,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from celery_beetle.store.fake import FakeStore
 from celery_beetle.store.outcome import Claim, FenceDecision, Limits
 from celery_beetle.store.state import MessageFacts
+from celery_beetle.testing.waiting import wait_until
 from celery_beetle.worker.lease import LeaseKeeper, pool_enforces_time_limits
-from tests.harness.waiting import wait_until
 
 NOW_MS = 1_800_000_000_000
 FACTS = MessageFacts("orders", "m-1", expires_at_ms=NOW_MS + 86_400_000)

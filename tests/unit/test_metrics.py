@@ -33,10 +33,8 @@ def _gate(**stats: int) -> SimpleNamespace:
         stats=Counter(stats),
         claims=Counter({Claim.ACQUIRED: 4, Claim.LOCKED: 1}),
         reads=SimpleNamespace(answered=10, waited_s=0.02),
-        paused=False,
-        paused_at=0.0,
-        unavailable_s=1.5,
-        deferred=2,
+        outage=SimpleNamespace(paused=False, paused_at=0.0, unavailable_s=1.5),
+        holding=SimpleNamespace(deferred=2),
         held=0,
     )
 
@@ -50,7 +48,7 @@ def _samples(collector) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def test_the_gates_stats_become_counters_by_verdict_when_scraped():
-    found = _samples(GateCollector(lambda: _gate(run=5, duplicate=3, deferred=2, errors=1)))
+    found = _samples(GateCollector(lambda: _gate(run=5, duplicate=3, deferred=2, error=1)))
     assert found[("beetle_gate_deliveries_total", (("verdict", "run"),))] == 5
     assert found[("beetle_gate_deliveries_total", (("verdict", "duplicate"),))] == 3
     assert found[("beetle_gate_deliveries_total", (("verdict", "error"),))] == 1

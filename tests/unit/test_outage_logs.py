@@ -24,7 +24,7 @@ def _warnings(caplog) -> list[str]:
 
 def test_an_outage_is_one_warning_naming_the_store_and_one_with_counts_as_it_ends(caplog):
     h = Harness()
-    h.gate.store_name = "redis://:**@store:6379/0"
+    h.rebuild(store_name="redis://:**@store:6379/0")
     h.store.down = True
     h.redis_answers = False
     with caplog.at_level(logging.DEBUG):

@@ -8,31 +8,32 @@ from types import SimpleNamespace
 
 import pytest
 
-from celery_beetle.worker import run
+from celery_beetle.worker import run_calls
 
 
-def _run(soft: float | None, message_soft: float | None = None) -> SimpleNamespace:
-    return SimpleNamespace(
-        task=SimpleNamespace(soft_time_limit=soft),
-        request=SimpleNamespace(timelimit=(None, message_soft)),
-    )
+def _window(soft: float | None, message_soft: float | None = None) -> float:
+    task = SimpleNamespace(soft_time_limit=soft)
+    request = SimpleNamespace(timelimit=(None, message_soft))
+    return run_calls.retry_window(task, request)
 
 
 @pytest.fixture
 def pool_process(monkeypatch):
-    monkeypatch.setattr(run, "current_process", lambda: SimpleNamespace(name="ForkPoolWorker-1"))
+    monkeypatch.setattr(
+        run_calls, "current_process", lambda: SimpleNamespace(name="ForkPoolWorker-1")
+    )
 
 
 def test_a_short_soft_limit_shortens_the_pools_wait_for_the_store(pool_process):
-    assert run.Run._retry_window(_run(3.0)) == pytest.approx(0.3)
-    assert run.Run._retry_window(_run(270.0, message_soft=1.0)) == pytest.approx(0.1)
+    assert _window(3.0) == pytest.approx(0.3)
+    assert _window(270.0, message_soft=1.0) == pytest.approx(0.1)
 
 
 def test_a_long_soft_limit_or_none_keeps_the_usual_wait(pool_process):
-    assert run.Run._retry_window(_run(270.0)) == run.CLAIM_RETRY_S
-    assert run.Run._retry_window(_run(None)) == run.CLAIM_RETRY_S
+    assert _window(270.0) == run_calls.CLAIM_RETRY_S
+    assert _window(None) == run_calls.CLAIM_RETRY_S
 
 
 def test_pools_in_the_main_process_keep_the_usual_wait(monkeypatch):
-    monkeypatch.setattr(run, "current_process", lambda: SimpleNamespace(name="MainProcess"))
-    assert run.Run._retry_window(_run(3.0)) == run.CLAIM_RETRY_S
+    monkeypatch.setattr(run_calls, "current_process", lambda: SimpleNamespace(name="MainProcess"))
+    assert _window(3.0) == run_calls.CLAIM_RETRY_S

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.harness.proxy import TcpProxy
+from celery_beetle.testing.proxy import TcpProxy
 
 
 class _Echo(socketserver.BaseRequestHandler):

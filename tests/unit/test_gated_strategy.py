@@ -1,0 +1,77 @@
+"""The gated strategy: what Celery's ack and reject do to a delivery the gate started."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Any
+
+from celery_beetle.worker.facts import COMPLETED_MARK, FACTS_HEADER, HANDBACK_MARK
+from celery_beetle.worker.strategy import GatedStrategy
+from tests.unit.test_gate import Harness, Message
+
+
+class Strategy:
+    """Celery's strategy, faked: it keeps the ack and reject a request would get."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple[Any, Any, Any]] = []
+
+    def __call__(self, message: Any, body: Any, on_ack: Any, on_reject: Any, *args: Any) -> None:
+        self.started.append((message, on_ack, on_reject))
+
+
+def _gated(h: Harness) -> tuple[GatedStrategy, Strategy]:
+    strategy = Strategy()
+    return GatedStrategy(strategy, "t.beetle", h.gate, consumer=object()), strategy
+
+
+def _deliver(gated: GatedStrategy, message: Message, acked: list[str]) -> None:
+    gated(message, None, lambda: acked.append("ack"), lambda **kw: acked.append("reject"), None)
+
+
+def test_an_ack_after_a_completion_drops_the_waiting_twin_as_a_duplicate():
+    h = Harness()
+    gated, strategy = _gated(h)
+    acked: list[str] = []
+    first, twin = Message(broker="rabbit-a"), Message(broker="rabbit-b")
+    _deliver(gated, first, acked)
+    _deliver(gated, twin, acked)
+    assert len(strategy.started) == 1, "the twin waits in the gate, not in Celery"
+    message, on_ack, _ = strategy.started[0]
+    message.headers[FACTS_HEADER][COMPLETED_MARK] = True
+    on_ack()
+    assert acked == ["ack"] and twin.acks == 1
+
+
+def test_a_reject_the_pool_handed_back_is_made_after_a_backoff():
+    h = Harness()
+    gated, strategy = _gated(h)
+    acked: list[str] = []
+    _deliver(gated, Message(), acked)
+    message, _, on_reject = strategy.started[0]
+    message.headers[FACTS_HEADER][HANDBACK_MARK] = {"delay_s": 2.0}
+    on_reject(requeue=True)
+    assert acked == [], "not at once: a poison message would spin"
+    h.timer.advance(2.0)
+    assert acked == ["reject"]
+
+
+def test_deliveries_that_went_through_the_strategy_are_freed_without_the_cyclic_collector():
+    h = Harness()
+    gated, strategy = _gated(h)
+    gc.disable()
+    try:
+        refs = []
+        for n in range(3):
+            first, twin = Message(message_id=f"m{n}"), Message(message_id=f"m{n}")
+            refs += [weakref.ref(first), weakref.ref(twin)]
+            _deliver(gated, first, [])
+            _deliver(gated, twin, [])
+            message, on_ack, on_reject = strategy.started.pop()
+            message.headers[FACTS_HEADER][COMPLETED_MARK] = True
+            on_ack()
+            del first, twin, message, on_ack, on_reject
+        assert [r for r in refs if r() is not None] == [], "a reference cycle keeps them"
+    finally:
+        gc.enable()

@@ -7,7 +7,9 @@ gave it once, so they run once. The rules, by who publishes:
 
 * a caller's own ``message_id`` (an outbox row, an idempotency key) is kept: publishing it
   again is a duplicate;
-* a client, outside any run: a new random id per publish;
+* a new task (``delay()``, no task id given): a new random id, which is its task id too;
+* a client publishing a given task id (a frozen signature), outside any run: a new random
+  id per publish;
 * a run (in a worker, a task the run publishes: a chain's next link, a callback, a chord's
   body, an errback): an id derived from the running message's identity ``(scope,
   message_id)``, the task id and how many times this run published that task id before.
@@ -48,11 +50,14 @@ _SUFFIXES = re.compile(r"(:replace-\d+)?(:retry-\d+)?$")
 _COUNTS_ATTRIBUTE = "_beetle_published"
 
 
-def publish_message_id(app: Any, task_id: str, options: dict[str, Any]) -> str:
+def publish_message_id(app: Any, task_id: str | None, options: dict[str, Any]) -> str:
     """The ``message_id`` of one publish of ``task_id`` with Celery's ``options`` (see the
-    module's rules); a caller's ``message_id`` in ``options`` is the caller's to keep."""
-    request = _running_request(app)
-    if request is None:
+    module's rules); a caller's ``message_id`` in ``options`` is the caller's to keep.
+
+    With no ``task_id`` (``delay()``), the publish is a new task: its new id is both its task
+    id and its ``message_id``."""
+    request = _running_request(app) if task_id else None
+    if request is None or not task_id:
         return str(uuid.uuid4())
     scope, running_id = _running_identity(request)
     if task_id == getattr(request, "id", None):

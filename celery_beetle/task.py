@@ -225,13 +225,14 @@ class BeetleTask(Task):
         if not self.app.conf.task_always_eager:
             from celery.utils import uuid
 
-            task_id = task_id or uuid()
             headers = dict(options.pop("headers", None) or {})
             if redundant:
                 headers[FLAGS_HEADER] = _int(headers.get(FLAGS_HEADER)) | FLAG_REDUNDANT
             options["headers"] = headers
             if not options.get("message_id"):
                 options["message_id"] = publish_message_id(self.app, task_id, options)
+                task_id = task_id or options["message_id"]  # a new task: one id for both
+            task_id = task_id or uuid()
         publishing = _publishing.set(True)
         try:
             return super().apply_async(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 
 import pytest
 from click.testing import CliRunner
@@ -50,18 +49,16 @@ class PhasedPublisher(threading.Thread):
                     connections[phase] = Connection(
                         self.urls[phase], transport_options=app.conf.broker_transport_options
                     )
-                message_id = str(uuid.uuid4())  # the id the pyamqp phases' tracer names
                 try:
                     result = app.tasks["eo.record"].apply_async(
-                        (i, 0.02), connection=connections[phase], retry_policy=policy,
-                        message_id=message_id,
-                    )  # fmt: skip
+                        (i, 0.02), connection=connections[phase], retry_policy=policy
+                    )
                 except Exception as exc:  # counted: the test asserts there are none
                     self.errors.append(exc)
                     continue
                 if phase < 2:  # one copy, confirmed by the one broker
                     self.tracer.emit(
-                        "published", message_id, queue="celery", broker=self.broker_name,
+                        "published", result.id, queue="celery", broker=self.broker_name,
                         task_name="eo.record", task_id=result.id,
                         detail={"confirmed": True, "redundant": True, "copies": 1},
                     )  # fmt: skip

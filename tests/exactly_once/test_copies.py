@@ -67,9 +67,7 @@ def test_gate_and_task_write_trace_events_when_a_trace_dir_is_set(
 
     def events() -> list[dict]:
         lines = [line for f in trace_dir.glob("*.jsonl") for line in f.read_text().splitlines()]
-        every = list(map(json.loads, lines))
-        ids = {e["message_id"] for e in every if e.get("task_id") == result.id}
-        return [e for e in every if e["message_id"] in ids]
+        return [e for e in map(json.loads, lines) if e["message_id"] == result.id]
 
     def names() -> list[str]:
         return sorted(e["event"] for e in events())

@@ -173,7 +173,7 @@ def test_cli_lists_dead_letters_as_json_and_replays_by_task(
     listed = runner.invoke(main, ["dead", "list", "-Q", "celery", "--json"], env=env)
     assert listed.exit_code == 0, listed.output
     (entry,) = json.loads(listed.output)
-    assert entry["task_id"] == task_id and entry["reason"] == "not_retryable"
+    assert entry["message_id"] == task_id and entry["reason"] == "not_retryable"
     shown = runner.invoke(main, ["dead-letters", "show", "-Q", "celery", task_id], env=env)
     assert shown.exit_code == 0 and '"args": [41]' in json.loads(shown.output)["arguments"]
     dry = runner.invoke(

@@ -48,7 +48,7 @@ def test_retries_back_off_and_stop_at_attempts_then_dead_letter(
     assert len(dead) == 1
     _, properties, _ = dead[0]
     headers = properties.headers
-    assert properties.message_id and headers["id"] == result.id
+    assert properties.message_id == result.id
     assert headers["x-beetle-dead-reason"] == "attempts_limit"
     assert headers["x-beetle-dead-queue"] == "celery"
     assert headers["x-beetle-dead-exception"] == "builtins.RuntimeError"

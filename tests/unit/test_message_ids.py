@@ -92,3 +92,8 @@ def test_a_plain_tasks_run_derives_from_its_messages_property():
     assert publish_message_id(_app(plain), "next", {}) == publish_message_id(
         _app(again), "next", {}
     )
+
+
+def test_a_new_task_gets_a_new_id_even_inside_a_run():
+    app = _app(_run("m-1"))
+    assert publish_message_id(app, None, {}) != publish_message_id(app, None, {})

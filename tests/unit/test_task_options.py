@@ -161,9 +161,11 @@ def test_apply_async_marks_the_message_redundant_and_gives_each_publish_its_own_
     job.apply_async((1,), task_id="t-1", headers={"mine": "kept"})
     job.apply_async((1,), task_id="t-1")
     job.apply_async((1,), task_id="t-1", message_id="mine")
-    first, second, kept = (kw["message_id"] for kw in sent)
+    job.apply_async((1,))
+    first, second, kept, new = (kw["message_id"] for kw in sent)
     assert first != second and "t-1" not in (first, second)
     assert kept == "mine"
+    assert new == sent[3]["task_id"], "a new task's id names its message too"
     assert sent[0]["headers"] == {"mine": "kept", "x-beetle-flags": 1}
 
 

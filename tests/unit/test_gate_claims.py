@@ -121,6 +121,14 @@ class Harness:
         acked()
         return False
 
+    def run_to_success(self, message: Message) -> None:
+        """Deliver ``message`` alone, let the gate claim it and its run succeed; its
+        completion then waits for the next batch."""
+        self.deliver(message)
+        self.calls.flush()
+        ((started, done),) = self.started
+        self.succeed(started, done)
+
     def facts(self, message_id: str = "m1") -> MessageFacts:
         return MessageFacts("jobs", message_id, NOW_MS + 86_400_000)
 
@@ -160,10 +168,7 @@ def test_the_ack_waits_for_the_completion_and_the_twin_is_dropped_without_a_call
 
 def test_a_completion_redis_refuses_is_retried_and_the_message_is_not_acked_meanwhile(h):
     first = Message()
-    h.deliver(first)
-    h.calls.flush()
-    ((message, done),) = h.started
-    h.succeed(message, done)
+    h.run_to_success(first)
     h.calls.failing = RedisConnectionError("connection refused")
     h.calls.flush()
     assert first.acks == 0 and h.gate.paused, "the gate stops taking messages meanwhile"
@@ -180,10 +185,7 @@ def test_a_completion_redis_refuses_is_retried_and_the_message_is_not_acked_mean
 
 def test_a_shutdown_stores_the_completions_owed_and_acks_each_once(h):
     first = Message()
-    h.deliver(first)
-    h.calls.flush()
-    ((message, done),) = h.started
-    h.succeed(message, done)
+    h.run_to_success(first)
     h.calls.failing = RedisConnectionError("connection refused")
     h.calls.flush()  # owed: the retry waits on a timer the stopping worker no longer runs
     assert h.gate.store_owed(wait_s=1.0) == (1, 1)
@@ -197,10 +199,7 @@ def test_a_shutdown_stores_the_completions_owed_and_acks_each_once(h):
 
 def test_a_shutdown_gives_up_on_what_it_cannot_store_within_its_wait_and_acks_nothing(h):
     first = Message()
-    h.deliver(first)
-    h.calls.flush()
-    ((message, done),) = h.started
-    h.succeed(message, done)
+    h.run_to_success(first)
     h.store.complete = _refused  # type: ignore[method-assign]
     assert h.gate.store_owed(wait_s=0.3) == (0, 1)
     assert first.acks == 0, "never ack what is not stored: the message goes back"

@@ -318,7 +318,8 @@ def fleet(
         click.echo(
             f"{len(report.consumers)} consumer(s), {len(flagged)} flagged "
             f"(plain: {sum(c.kind == 'plain' for c in flagged)}, "
-            f"older than {report.minimum}: {sum(c.kind == 'older' for c in flagged)})"
+            f"older than {report.minimum}: {sum(c.kind == 'older' for c in flagged)}, "
+            f"unknown: {sum(c.kind == 'unknown' for c in flagged)})"
         )
     report_errors(report.errors)
     sys.exit(1 if report.errors else EXIT_FLAGGED if report.flagged else 0)
@@ -349,7 +350,7 @@ def _refuse_unsafe_consumers(clients: list[Any], queue: str, force: bool) -> Non
     for consumer in report.flagged:
         click.echo(f"  {consumer.describe()}", err=True)
     message = (
-        f"{len(report.flagged)} consumer(s) of {queue} are plain or older than "
+        f"{len(report.flagged)} consumer(s) of {queue} are plain, unknown or older than "
         f"{report.minimum}: they would not share the temporary queue's dedup scope"
     )
     if not force:

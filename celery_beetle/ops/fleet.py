@@ -12,7 +12,13 @@ and classifies each consumer:
 ``beetle``  a kombu-beetle connection at least as new as ``minimum``
 ``older``   a kombu-beetle connection older than ``minimum``
 ``plain``   anything else (``py-amqp``, pika, a shovel, ...): no dedup
+``unknown`` a consumer whose connection the API does not show (yet)
 =========  =================================================================
+
+The management API's statistics lag the broker by a few seconds: a consumer can be listed
+before its connection is, or after its connection closed. :func:`survey` reads again while
+such a consumer remains, for up to ``settle_s`` seconds, and reports what is still unknown
+as ``unknown``, which is flagged like a plain consumer: it cannot be shown to be beetle.
 
 Celery's own queues (remote control ``*.pidbox``, events ``celeryev.*``, replies) are left
 out unless named: every worker consumes them, and no task runs from them.
@@ -21,7 +27,8 @@ out unless named: every worker consumes them, and no task runs from them.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +48,7 @@ class FleetConsumer:
     connection: str
     product: str
     version: str
-    kind: str  # beetle, older, plain
+    kind: str  # beetle, older, plain, unknown
     peer: str
 
     def describe(self) -> str:
@@ -96,10 +103,27 @@ def survey(
     clients: Sequence[ManagementClient],
     queues: Iterable[str] = (),
     minimum: str | None = None,
+    *,
+    settle_s: float = 10.0,
+    interval_s: float = 1.0,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> FleetReport:
-    """Every consumer of ``queues`` (all task queues when empty) on every broker."""
+    """Every consumer of ``queues`` (all task queues when empty) on every broker, read again
+    every ``interval_s`` while one is ``unknown``, for up to ``settle_s`` seconds."""
     wanted = set(queues)
     minimum = minimum or package_version()
+    report = _survey_once(clients, wanted, minimum)
+    waited = 0.0
+    while waited < settle_s and any(c.kind == "unknown" for c in report.consumers):
+        sleep(interval_s)
+        waited += interval_s
+        report = _survey_once(clients, wanted, minimum)
+    return report
+
+
+def _survey_once(
+    clients: Sequence[ManagementClient], wanted: set[str], minimum: str
+) -> FleetReport:
     found: list[FleetConsumer] = []
     errors: dict[str, str] = {}
     for client in clients:
@@ -117,10 +141,13 @@ def survey(
                 continue
             details = consumer.get("channel_details") or {}
             name = details.get("connection_name", "")
-            connection = connections.get(name) or {}
-            kind, product, version = classify(
-                dict(connection.get("client_properties") or {}), minimum
-            )
+            connection = connections.get(name)
+            if connection is None:
+                kind, product, version = "unknown", "unknown", "?"
+            else:
+                kind, product, version = classify(
+                    dict(connection.get("client_properties") or {}), minimum
+                )
             peer = f"{details.get('peer_host', '?')}:{details.get('peer_port', '?')}"
             found.append(FleetConsumer(client.name, queue, name, product, version, kind, peer))
     found.sort(key=lambda c: (c.kind == "beetle", c.queue, c.broker, c.peer))

@@ -7,6 +7,7 @@ import time
 import pytest
 from kombu import Exchange, Producer, Queue
 
+from celery_beetle.testing.waiting import wait_until
 from kombu_beetle import FLAGS_HEADER
 
 QUEUE = Queue("work", Exchange("work", "direct"), "work")
@@ -154,7 +155,10 @@ def test_with_every_broker_down_publish_names_the_brokers_and_recovers(brokers, 
             "interval_max": 0.5,
         },
     )
-    assert brokers.nodes[1].queue_depths(brokers.vhost)["work"][0] >= 1
+    # the confirm comes once the queue took it; list_queues is read until it shows it
+    assert wait_until(
+        lambda: brokers.nodes[1].queue_depths(brokers.vhost).get("work", (0, 0))[0] >= 1, 10
+    ), brokers.nodes[1].queue_depths(brokers.vhost)
 
 
 def test_tracing_writes_one_published_event_per_copy_of_a_redundant_message(

@@ -25,18 +25,17 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from celery import bootsteps
-from celery.exceptions import ImproperlyConfigured, NotRegistered
-from celery.utils.objects import Bunch
+from celery.exceptions import ImproperlyConfigured
 
 from celery_beetle import metrics
 from celery_beetle.settings import BeetleSettings
 from celery_beetle.store import RedisStore, wall_clock_ms
 from celery_beetle.store.health import RedisProbe, store_unavailable
-from celery_beetle.store.outcome import Limits, Rejected
+from celery_beetle.store.outcome import Rejected
 from celery_beetle.worker.deadletter import dead_letter_delivery
 from celery_beetle.worker.facts import InvalidHeader, message_facts
 from celery_beetle.worker.gate import DeliveryGate
@@ -46,6 +45,15 @@ from celery_beetle.worker.renewal import DeliveryRenewal
 from celery_beetle.worker.runnable import is_beetle_task
 from celery_beetle.worker.strategy import GatedStrategy
 from celery_beetle.worker.time_limits import count_limits_from_the_start
+from celery_beetle.worker.wiring import (
+    ClaimLimits,
+    TwinFilter,
+    UnknownTaskHandler,
+    WorkerTimer,
+    never,
+    no_claims,
+    pool_idle_for,
+)
 from kombu_beetle.renewal import SameBrokerPublisher
 from kombu_beetle.trace import get_tracer
 from kombu_beetle.urls import mask_url
@@ -117,7 +125,7 @@ class BeetleGateStep(bootsteps.StartStopStep):
                 gated.append(name)
         self._filter_twins(c, frozenset(gated))
         if "on_unknown_task" not in vars(c):
-            c.on_unknown_task = self._unknown_task_handler(c, c.on_unknown_task)
+            c.on_unknown_task = UnknownTaskHandler(c.app, self.current_gate, c.on_unknown_task)
         logger.info(
             "beetle: gating %d task(s) (%s reads): %s",
             len(gated),
@@ -132,17 +140,8 @@ class BeetleGateStep(bootsteps.StartStopStep):
         connection = getattr(getattr(c, "connection", None), "_connection", None)
         if connection is None or not hasattr(connection, "delivery_filter"):
             return
-        gate = self.gate
-        assert gate is not None
-
-        def hold_twin(raw: Any, tag: str, deliver: Callable[[Any], Any]) -> bool:
-            headers = raw.properties.get("application_headers")
-            task_name = headers.get("task") if isinstance(headers, dict) else None
-            if task_name not in gated:
-                return False
-            return gate.hold_twin(raw, task_name, deliver)
-
-        connection.delivery_filter = hold_twin
+        assert self.gate is not None
+        connection.delivery_filter = TwinFilter(self.gate, gated)
 
     def _renewal(self, c: Any) -> DeliveryRenewal | None:
         """Renewal of deliveries a quorum queue counted often (``beetle://`` only: it
@@ -156,12 +155,17 @@ class BeetleGateStep(bootsteps.StartStopStep):
         port, addr = self.settings.metrics_port, self.settings.metrics_addr
         assert port is not None
         try:
-            return metrics.serve(port, addr, [GateCollector(lambda: self.gate)], True)
+            return metrics.serve(port, addr, [GateCollector(self.current_gate)], True)
         except OSError as exc:
             raise ImproperlyConfigured(
                 f"celery_beetle: cannot serve metrics on {addr}:{port} ({exc.strerror or exc}): "
                 "is another worker on this host using beetle_metrics_port? Give each its own"
             ) from exc
+
+    def current_gate(self) -> DeliveryGate | None:
+        """The gate, once the step has started (the metrics and the unknown-task handler
+        read it when they are called)."""
+        return self.gate
 
     def stop(self, c: Any) -> None:
         if self.gate is not None:
@@ -197,11 +201,6 @@ class BeetleGateStep(bootsteps.StartStopStep):
             wait_replicas=settings.redis_wait_replicas,
         )
 
-        def call_later(seconds: float, fn: Callable[[], None]) -> Any:
-            if seconds <= 0 and getattr(c, "hub", None) is not None:
-                return c.hub.call_soon(fn)
-            return c.timer.call_after(max(seconds, 0.0), fn)
-
         reads = pipelined_reads_for(self.store, getattr(c, "hub", None), GATE_SOCKET_TIMEOUT_S)
         # a batch does not WAIT for replicas: with wait_replicas the gate reads, the pool claims
         claims = reads is not None and not self.store.wait_replicas
@@ -219,44 +218,23 @@ class BeetleGateStep(bootsteps.StartStopStep):
         )
         return DeliveryGate(
             store=self.store,
-            call_later=call_later,
-            qos=lambda: c.qos,
-            dead_letter=lambda message, queue, reason, detail: self.dead_letter_once(
-                c, message, queue, reason, detail
-            ),
-            queue_of=lambda message: self.queue_of(c, message),
+            call_later=WorkerTimer(c),
+            qos=lambda: c.qos,  # Celery replaces its QoS object when the consumer restarts
+            dead_letter=partial(self.dead_letter_once, c),
+            queue_of=partial(self.queue_of, c),
             scopes=settings.dedup_scopes,
             probe=self.probe,
             tracer=tracer,
             message_ttl_ms=settings.message_ttl_ms,
             worker=getattr(c, "hostname", None),
             reads=reads,
-            claims_for=self._claims_for(c) if claims else _no_claims,
-            pool_idle=_pool_idle(c) if settings.claim_in_idle_pool else _never,
+            claims_for=ClaimLimits(c.app) if claims else no_claims,
+            pool_idle=pool_idle_for(c) if settings.claim_in_idle_pool else never,
             max_deferred=settings.max_deferred,
             max_deferred_bytes=settings.max_deferred_bytes,
             unknown_task_grace_ms=round(settings.unknown_task_grace_s * 1000),
             store_name=mask_url(settings.redis_url),
         )
-
-    def _claims_for(self, c: Any) -> Callable[[Any, str], Limits | None]:
-        """The gate claims a BeetleTask delivery in its batch, with the task's limits; but
-        not one with an ETA: Celery holds it in the main process until then, and the pool
-        claims it when it runs, so no lease runs out while it waits."""
-        limits: dict[str, Limits] = {}
-
-        def claims_for(message: Any, task_name: str) -> Limits | None:
-            if (message.headers or {}).get("eta"):
-                return None
-            found = limits.get(task_name)
-            if found is None:
-                task = c.app.tasks.get(task_name)
-                if not is_beetle_task(task):
-                    return None
-                found = limits[task_name] = task.beetle_settings.limits
-            return found
-
-        return claims_for
 
     def queue_of(self, c: Any, message: Any) -> str:
         """The queue a delivery came from: its consumer tag names it (kombu_beetle uses one
@@ -321,20 +299,6 @@ class BeetleGateStep(bootsteps.StartStopStep):
                 logger.warning("beetle: cannot mark %s dead-lettered (%r)", message_id, exc)
         return None
 
-    def _unknown_task_handler(
-        self, c: Any, original: Callable[[Any, Any, Any], None]
-    ) -> Callable[[Any, Any, Any], None]:
-        def on_unknown_task(body: Any, message: Any, exc: Any) -> None:
-            gate = self.gate
-            if gate is None:
-                original(body, message, exc)
-                return
-            name = (message.headers or {}).get("task") or "?"
-            if gate.unknown_task(message, str(name), repr(exc)) == "bad_input":
-                _record_unknown_task(c.app, message, str(name))
-
-        return on_unknown_task
-
 
 def _prepare_metrics() -> None:
     """Before the pool forks: every process of this worker counts into shared files."""
@@ -345,52 +309,3 @@ def _prepare_metrics() -> None:
             "celery_beetle: beetle_metrics_port is set but prometheus_client is not installed: "
             "pip install 'kombu-beetle[metrics]' (or unset beetle_metrics_port)"
         ) from exc
-
-
-def _no_claims(message: Any, task_name: str) -> None:
-    return None
-
-
-def _record_unknown_task(app: Any, message: Any, name: str) -> None:
-    """What Celery records for an unknown task, once it is dead-lettered: a FAILURE in the
-    result backend (best effort: the dead letter is what counts)."""
-    headers = message.headers or {}
-    task_id = headers.get("id")
-    if not task_id:
-        return
-    request = Bunch(
-        name=name,
-        chord=None,
-        root_id=headers.get("root_id"),
-        correlation_id=(message.properties or {}).get("correlation_id"),
-        reply_to=(message.properties or {}).get("reply_to"),
-        errbacks=None,
-    )
-    try:
-        app.backend.mark_as_failure(task_id, NotRegistered(name), request=request)
-    except Exception as exc:
-        logger.debug("beetle: cannot record unknown task %s: %r", task_id, exc)
-
-
-def _never() -> bool:
-    return False
-
-
-def _pool_idle(c: Any) -> Callable[[], bool]:
-    """``pool_idle`` for the gate: with a prefork pool, True while fewer requests are handed
-    to it (or on their way) than it has processes. Celery counts a request reserved from
-    the strategy's hand-over until its result is back, so a process is free for sure. Other
-    pools run the body on the worker's event loop or its threads: never (the gate claims)."""
-    from celery.concurrency.prefork import TaskPool
-    from celery.worker import state
-
-    pool = getattr(c, "pool", None)
-    if not isinstance(pool, TaskPool):
-        return _never
-    reserved = state.reserved_requests
-
-    def idle() -> bool:
-        processes = getattr(getattr(pool, "_pool", None), "_processes", None)  # None: stopped
-        return isinstance(processes, int) and len(reserved) < processes
-
-    return idle

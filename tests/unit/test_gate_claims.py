@@ -506,13 +506,13 @@ def test_a_task_the_gate_would_not_claim_is_read_even_with_a_pool_process_free(h
 def test_a_prefork_pool_being_restarted_counts_as_busy():
     from celery.concurrency.prefork import TaskPool
 
-    from celery_beetle.worker.bootstep import _pool_idle
+    from celery_beetle.worker.wiring import pool_idle_for
 
     class Consumer:
         pool = TaskPool.__new__(TaskPool)
 
     Consumer.pool._pool = None  # stopped, or not started yet
-    idle = _pool_idle(Consumer())
+    idle = pool_idle_for(Consumer())
     assert idle() is False, "no process to take it: the gate claims first"
     Consumer.pool._pool = type("Pool", (), {"_processes": 2})()
     assert idle() is True

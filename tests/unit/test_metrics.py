@@ -106,7 +106,7 @@ def test_a_metrics_port_in_use_stops_the_worker_with_a_clear_error(monkeypatch):
         port = taken.getsockname()[1]
         step = SimpleNamespace(
             settings=BeetleSettings(redis_url=URL, metrics_port=port, metrics_addr="127.0.0.1"),
-            gate=None,
+            current_gate=lambda: None,
         )
         with pytest.raises(ImproperlyConfigured, match=f"cannot serve metrics on 127.0.0.1:{port}"):
             BeetleGateStep._serve_metrics(step)  # type: ignore[arg-type]

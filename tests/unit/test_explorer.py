@@ -948,3 +948,46 @@ def test_an_empty_node_that_never_got_the_runs_queues_again_is_a_violation():
     ev.faults["broker_replace"] = 1
     rules = [v.rule for v in checker.judge(_scenario(Settings(), item), ev)]
     assert rules == ["redeclared"]
+
+
+def _early_ack_twin_rules(
+    acks_late: bool | None = False,
+    replaced_at: float | None = 5.0,
+    delivered_from: tuple[str, ...] = ("a:1",),
+    published_at: float = 1.0,
+    left: bool = False,
+) -> list[str]:
+    """The rules a BeetleTask with no outcome breaks: copies on ``a:1`` and ``b:2`` (its
+    twin), ``b:2`` replaced by an empty node at ``replaced_at``, a worker took a copy from
+    ``delivered_from``."""
+    item = Item(0, "work", "ok")
+    audit = Verdict(
+        {"messages": 1, "lost": 1, "duplicated": 0, "unexpected": 0}, {"lost": ["explore/k"]}
+    )
+    replacements = [] if replaced_at is None else [(replaced_at, "b:2")]
+    leftover = {"a:1/explore": ["k"]} if left else {}
+    ev = _evidence("k", item, audit=audit, replacements=replacements, leftover=leftover)
+    ev.trace.copies["k"] += [(published_at, "a:1"), (published_at, "b:2")]
+    ev.trace.delivered_from["k"].update(delivered_from)
+    scenario = _scenario(Settings(acks_late=acks_late, brokers=2), item)
+    assert checker.early_ack_losses(scenario, ev) == ([] if checker.judge(scenario, ev) else ["k"])
+    return sorted(v.rule for v in checker.judge(scenario, ev))
+
+
+def test_early_acks_may_lose_a_taken_message_whose_twin_an_empty_broker_wiped_and_nothing_else():
+    # acks_late=False, a copy taken on a:1 and cut short, its twin wiped with b:2: excused
+    assert _early_ack_twin_rules() == []
+    # the run may begin after the twin was wiped: two faults all the same
+    assert _early_ack_twin_rules(replaced_at=0.5, published_at=0.1) == []
+    # late acks (BeetleTask's default, or set): the taken copy goes back, so a loss is a loss
+    assert _early_ack_twin_rules(acks_late=True) == ["audit", "lost"]
+    assert _early_ack_twin_rules(acks_late=None) == ["audit", "lost"]
+    # no broker replaced: the twin is there to run
+    assert _early_ack_twin_rules(replaced_at=None) == ["audit", "lost"]
+    # never taken by a worker, or taken only from the broker that was wiped: nothing excuses it
+    assert _early_ack_twin_rules(delivered_from=()) == ["audit", "lost"]
+    assert _early_ack_twin_rules(delivered_from=("b:2",)) == ["audit", "lost"]
+    # the copy on b:2 was confirmed after the old node died: the empty node never held it
+    assert _early_ack_twin_rules(published_at=6.0) == ["audit", "lost"]
+    # a copy left in a queue was not taken: lost, and left over
+    assert _early_ack_twin_rules(left=True) == ["audit", "leftover", "lost"]

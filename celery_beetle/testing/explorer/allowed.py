@@ -17,12 +17,14 @@ from celery_beetle.testing.explorer.scenario import Item, Settings
 
 __all__ = [
     "BOUNDED",
+    "EARLY_ACK_TWIN",
     "FIFTH_VERSION",
     "FOURTH_VERSION",
     "RULES",
     "SIXTH_VERSION",
     "THIRD_VERSION",
     "Expectation",
+    "early_ack_twin_lost",
     "expect",
     "failover_may_rerun",
     "max_starts",
@@ -157,7 +159,16 @@ SIXTH_VERSION: dict[str, str] = {
     "broker_replace": 'transport.md "What happens when a broker fails": a BeetleTask has a '
     "copy on two brokers, so a broker whose data is lost (an empty node in its place) loses "
     "no BeetleTask; a message with one copy there may go with it, as with `broker_destroy`",
+    "early_ack_twin": 'limits.md "`acks_late=False` rests on one copy once a run begins": '
+    '"Celery acks the copy a pool process takes, so a run cut short before its outcome is '
+    "stored leaves only the twin on the other broker; if that broker's data is lost too "
+    '(an empty node in its place), the message is lost" (two faults for a task whose owner '
+    "chose early acks: the run cut short and its twin's broker destroyed; with `acks_late` "
+    "as BeetleTask sets it, or with either fault alone, nothing is excused)",
 }
+
+#: the rule :func:`early_ack_twin_lost` applies (SIXTH_VERSION "early_ack_twin")
+EARLY_ACK_TWIN = "early_ack_twin"
 
 #: how long before a failover's kill (beyond the replica's drawn lag) a write the old master
 #: acknowledged may still be missing on its replica
@@ -278,3 +289,29 @@ def one_copy_may_be_lost(brokers_destroyed: int) -> bool:
     """A message with one copy (a plain task, a raw message) is gone with the broker that
     held it, destroyed for good (THIRD_VERSION "broker_destroy"); a BeetleTask never is."""
     return brokers_destroyed > 0
+
+
+def early_ack_twin_lost(
+    acks_late: bool | None,
+    copies: list[tuple[float, str]],
+    delivered_from: set[str],
+    replacements: list[tuple[float, str]],
+) -> bool:
+    """SIXTH_VERSION "early_ack_twin": whether a BeetleTask with no outcome may be lost
+    because its owner chose ``acks_late=False``. Per copy, from the trace: ``copies`` are its
+    confirmed copies (when the publish was confirmed, the broker), ``delivered_from`` the
+    brokers a worker took a copy from, ``replacements`` the ``broker_replace`` faults (when
+    the old node was killed, the broker). It may be lost only when the task acks early, a
+    copy confirmed on a broker before that broker was replaced by an empty node was wiped
+    with it (the twin), and a worker took the copy on another broker (Celery acked it as a
+    pool process took it, before the claim and the body: so a run whose body never began
+    counts, a message no worker took does not). The checker adds that it has no outcome
+    and is not left in a queue (the run was cut short). Whether the twin was destroyed
+    before or after the run began does not matter: either way two faults took both copies."""
+    if acks_late is not False:
+        return False
+    for replaced_at, broker in replacements:
+        twin_wiped = any(b == broker and ts < replaced_at for ts, b in copies)
+        if twin_wiped and delivered_from - {broker}:
+            return True
+    return False

@@ -44,7 +44,9 @@ message when its body returned (or called ``self.retry``) in one of its processe
 ledger says so), its dead letters are read from the brokers, and the audit's "lost" and
 "unexpected", which come from what the trace could not see, are not asked of its
 messages. A broker replaced by an empty node is a broker fault, and may take a message with
-one copy with it.
+one copy with it; with ``acks_late=False`` (the owner's choice) also a BeetleTask a worker
+took one copy of and whose twin the replaced node held, once its run was cut short
+(:func:`allowed.early_ack_twin_lost`, the documented limit "early_ack_twin").
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ __all__ = [
     "chain_modes",
     "chord_body_key",
     "chords_may_fail",
+    "early_ack_losses",
     "failover_reruns",
     "judge",
     "known",
@@ -124,6 +127,11 @@ class Trace:
     #: (sixth version) messages a worker with tracing off completed, by the ledger: a body
     #: that returned (or called ``self.retry``) in one of its processes
     ledger_completed: set[str] = field(default_factory=set)
+    #: per message id, its confirmed copies: (when the confirm was written, unix seconds;
+    #: the broker, as the clients name it)
+    copies: dict[str, list[tuple[float, str]]] = field(default_factory=lambda: defaultdict(list))
+    #: per message id, the brokers a worker took a copy of it from (``delivered``)
+    delivered_from: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
 
     def is_completed(self, task_id: str) -> bool:
         return (
@@ -170,6 +178,9 @@ def read_trace(trace_dir: Path, ledger_dir: Path | None = None) -> Trace:
                 trace.first_published_ms[mid] = min(
                     when_ms, trace.first_published_ms.get(mid, when_ms)
                 )
+                trace.copies[mid].append((when_ms / 1000, str(rec.get("broker"))))
+            if event == "delivered" and rec.get("broker"):
+                trace.delivered_from[str(rec.get("message_id"))].add(str(rec.get("broker")))
             if not task_id:
                 continue
             message_id = str(rec.get("message_id"))
@@ -225,6 +236,9 @@ class Evidence:
     failovers: list[tuple[float, float, bool]] = field(default_factory=list)
     #: (sixth version) per broker replaced by an empty node, the run's queues it lacks
     missing_queues: dict[str, list[str]] = field(default_factory=dict)
+    #: (sixth version) per ``broker_replace``: when the old node was killed (unix seconds),
+    #: and the broker as the clients (and the trace) name it
+    replacements: list[tuple[float, str]] = field(default_factory=list)
 
 
 def second_key(key: str) -> str:
@@ -350,7 +364,9 @@ def _judge_beetle(scenario: Scenario, key: str, item: Item, ev: Evidence) -> lis
         found.append(Violation(rule, key, f"{detail} ({item.kind}:{item.mode})"))
 
     if not outcomes:
-        breach("lost", f"no outcome; {starts} start(s), still unresolved={key in ev.unresolved}")
+        if not _early_ack_twin(key, scenario, ev):
+            detail = f"no outcome; {starts} start(s), still unresolved={key in ev.unresolved}"
+            breach("lost", detail)
         return found
     # the old master's unreplicated writes lost with it (SIXTH_VERSION "redis_failover")
     rerun = _failover_may_rerun(key, ev, settings.timeout_s)
@@ -407,6 +423,30 @@ def _judge_beetle(scenario: Scenario, key: str, item: Item, ev: Evidence) -> lis
     return found
 
 
+def _early_ack_twin(key: str, scenario: Scenario, ev: Evidence) -> bool:
+    """allowed.SIXTH_VERSION "early_ack_twin": a message with no outcome and no copy left in
+    a queue, whose owner chose ``acks_late=False``, a worker took one copy of, and whose
+    other copy (its twin) a ``broker_replace`` wiped. Judged per copy, from the trace's
+    ``published`` and ``delivered`` events and the replaced broker's address."""
+    if _outcomes(key, ev) or any(key in keys for keys in ev.leftover.values()):
+        return False
+    return allowed.early_ack_twin_lost(
+        scenario.settings.acks_late,
+        ev.trace.copies.get(key, []),
+        ev.trace.delivered_from.get(key, set()),
+        ev.replacements,
+    )
+
+
+def early_ack_losses(scenario: Scenario, ev: Evidence) -> list[str]:
+    """The confirmed messages lost that :func:`_early_ack_twin` excused (for the run's notes
+    and verdict: what early acks cost beside an empty broker)."""
+    if scenario.settings.acks_late is not False or not ev.replacements:
+        return []
+    keys = set(ev.confirmed) | {i.rsplit("/", 1)[-1] for i in ev.audit.ids.get("lost", [])}
+    return sorted(k for k in keys if _early_ack_twin(k, scenario, ev))
+
+
 def _failover_may_rerun(key: str, ev: Evidence, lease_s: float) -> bool:
     entry = ev.ledger.entry(key)
     starts, ends = [ts for ts, _ in entry.starts], [ts for ts, _ in entry.ends]
@@ -437,6 +477,8 @@ def _excused_by_the_audits_blind_spot(
     key = ident.rsplit("/", 1)[-1]
     if verdict == "lost" and _dead_by_broker(ident, ev):
         return True
+    if verdict == "lost" and _early_ack_twin(key, scenario, ev):
+        return True  # allowed.SIXTH_VERSION "early_ack_twin"
     if scenario.settings.untraced:
         entry = ev.ledger.entry(key)
         pids = ev.ledger.untraced_pids

@@ -76,6 +76,9 @@ class Nemesis(threading.Thread):
         self.failovers: list[tuple[float, float, bool]] = []
         #: threads that resume a migration that stopped (:meth:`_resume_migration`)
         self.operators: list[threading.Thread] = []
+        #: (sixth version) per ``broker_replace``: when the old node was killed, and which
+        #: broker (what it held before then is gone)
+        self.replacements: list[tuple[float, int]] = []
 
     def run(self) -> None:
         for fault in self.run_.scenario.faults:
@@ -272,6 +275,7 @@ class Nemesis(threading.Thread):
         if node.is_paused:
             node.resume()
         node.kill()
+        self.replacements.append((time.time(), n))
         run.replaced.add(n)
         shutil.rmtree(node.base_dir / "mnesia", ignore_errors=True)
         self.stopping.wait(duration_s)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from celery_beetle.audit import naive
-from celery_beetle.testing.explorer import checker
+from celery_beetle.testing.explorer import allowed, checker
 from celery_beetle.testing.explorer.faults import Nemesis
 from celery_beetle.testing.explorer.ledger import read_dir
 from celery_beetle.testing.explorer.publish import Publisher
@@ -258,6 +258,7 @@ def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
             rolled_back=publisher.rolled_back,
             destroyed={n for n in run.destroyed},
             replaced=set(run.replaced),
+            replacements=[(ts, run.proxies[n].host_port) for ts, n in nemesis.replacements],
             failovers=nemesis.failovers,
             missing_queues=missing,
             keys=keys,
@@ -278,6 +279,12 @@ def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
         reruns = checker.failover_reruns(scenario, evidence)
         if reruns:
             notes.append(f"a failover without wait_replicas ran {len(reruns)} message(s) again")
+        twins = checker.early_ack_losses(scenario, evidence)
+        if twins:
+            notes.append(
+                f"acks_late=False: {len(twins)} message(s) lost with their twin on a replaced "
+                f"broker (allowed by rule {allowed.EARLY_ACK_TWIN})"
+            )
         (base / "verdict.json").write_text(
             json.dumps(
                 {
@@ -288,6 +295,7 @@ def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
                     "audit": evidence.audit.counts,
                     "dead_letters_by_reason": _by_reason(dead),
                     "failover_reruns": reruns,
+                    "early_ack_twin_losses": twins,
                     "story": story,
                 },
                 indent=1,

@@ -162,9 +162,10 @@ SIXTH_VERSION: dict[str, str] = {
     "early_ack_twin": 'limits.md "`acks_late=False` rests on one copy once a run begins": '
     '"Celery acks the copy a pool process takes, so a run cut short before its outcome is '
     "stored leaves only the twin on the other broker; if that broker's data is lost too "
-    '(an empty node in its place), the message is lost" (two faults for a task whose owner '
-    "chose early acks: the run cut short and its twin's broker destroyed; with `acks_late` "
-    "as BeetleTask sets it, or with either fault alone, nothing is excused)",
+    '(an empty node in its place, or the broker destroyed), the message is lost" (two '
+    "faults for a task whose owner chose early acks: the run cut short and its twin's "
+    "broker destroyed; with `acks_late` as BeetleTask sets it, or with either fault alone, "
+    "nothing is excused)",
 }
 
 #: the rule :func:`early_ack_twin_lost` applies (SIXTH_VERSION "early_ack_twin")
@@ -300,11 +301,12 @@ def early_ack_twin_lost(
     """SIXTH_VERSION "early_ack_twin": whether a BeetleTask with no outcome may be lost
     because its owner chose ``acks_late=False``. Per copy, from the trace: ``copies`` are its
     confirmed copies (when the publish was confirmed, the broker), ``delivered_from`` the
-    brokers a worker took a copy from, ``replacements`` the ``broker_replace`` faults (when
-    the old node was killed, the broker). It may be lost only when the task acks early, a
-    copy confirmed on a broker before that broker was replaced by an empty node was wiped
-    with it (the twin), and a worker took the copy on another broker (Celery acked it as a
-    pool process took it, before the claim and the body: so a run whose body never began
+    brokers a worker took a copy from, ``replacements`` the ``broker_replace`` and
+    ``broker_destroy`` faults (when the old node was killed, the broker). It may be lost
+    only when the task acks early, a copy confirmed on a broker before that broker was
+    replaced by an empty node or destroyed went with it (the twin), and a worker took the
+    copy on another broker (Celery acked it as a pool process took it, before the claim and
+    the body: so a run whose body never began
     counts, a message no worker took does not). The checker adds that it has no outcome
     and is not left in a queue (the run was cut short). Whether the twin was destroyed
     before or after the run began does not matter: either way two faults took both copies."""

@@ -236,8 +236,8 @@ class Evidence:
     failovers: list[tuple[float, float, bool]] = field(default_factory=list)
     #: (sixth version) per broker replaced by an empty node, the run's queues it lacks
     missing_queues: dict[str, list[str]] = field(default_factory=dict)
-    #: (sixth version) per ``broker_replace``: when the old node was killed (unix seconds),
-    #: and the broker as the clients (and the trace) name it
+    #: per ``broker_replace`` and ``broker_destroy``: when the node was killed (unix
+    #: seconds), and the broker as the clients (and the trace) name it
     replacements: list[tuple[float, str]] = field(default_factory=list)
 
 
@@ -426,8 +426,8 @@ def _judge_beetle(scenario: Scenario, key: str, item: Item, ev: Evidence) -> lis
 def _early_ack_twin(key: str, scenario: Scenario, ev: Evidence) -> bool:
     """allowed.SIXTH_VERSION "early_ack_twin": a message with no outcome and no copy left in
     a queue, whose owner chose ``acks_late=False``, a worker took one copy of, and whose
-    other copy (its twin) a ``broker_replace`` wiped. Judged per copy, from the trace's
-    ``published`` and ``delivered`` events and the replaced broker's address."""
+    other copy (its twin) a ``broker_replace`` or ``broker_destroy`` took. Judged per copy,
+    from the trace's ``published`` and ``delivered`` events and the lost broker's address."""
     if _outcomes(key, ev) or any(key in keys for keys in ev.leftover.values()):
         return False
     return allowed.early_ack_twin_lost(

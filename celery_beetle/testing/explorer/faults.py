@@ -76,8 +76,8 @@ class Nemesis(threading.Thread):
         self.failovers: list[tuple[float, float, bool]] = []
         #: threads that resume a migration that stopped (:meth:`_resume_migration`)
         self.operators: list[threading.Thread] = []
-        #: (sixth version) per ``broker_replace``: when the old node was killed, and which
-        #: broker (what it held before then is gone)
+        #: per ``broker_replace`` (sixth version) and ``broker_destroy``: when the node was
+        #: killed, and which broker (what it held before then is gone)
         self.replacements: list[tuple[float, int]] = []
 
     def run(self) -> None:
@@ -190,6 +190,7 @@ class Nemesis(threading.Thread):
         if run.nodes[n].is_paused:
             run.nodes[n].resume()
         run.nodes[n].kill()
+        self.replacements.append((time.time(), n))
         return True
 
     def _redis(self) -> Any:

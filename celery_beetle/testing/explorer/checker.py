@@ -66,6 +66,7 @@ __all__ = [
     "Evidence",
     "Trace",
     "Violation",
+    "audit_key",
     "awaited",
     "by_broker",
     "chain_modes",
@@ -124,6 +125,17 @@ class Trace:
     #: (sixth version) messages a worker with tracing off completed, by the ledger: a body
     #: that returned (or called ``self.retry``) in one of its processes
     ledger_completed: set[str] = field(default_factory=set)
+    #: message id -> the checker's key, from the trace events that name both
+    keys: dict[str, str] = field(default_factory=dict)
+
+    def key_of(self, message_id: str) -> str:
+        """The key that judges the message with id ``message_id`` (the audit names messages
+        so). A message is a publish, with an id of its own (:mod:`celery_beetle.message_ids`),
+        while the ledger, the brokers' dead letters and the items know a message by its task
+        id (a ``self.retry``'s by its ``<task id>:retry-N``): the trace's events carry both,
+        so this is the task id of the publish the audit judged, or ``message_id`` itself
+        when no event named a task id (a message only an untraced worker published)."""
+        return self.keys.get(message_id, message_id)
 
     def is_completed(self, task_id: str) -> bool:
         return (
@@ -188,9 +200,10 @@ def read_trace(trace_dir: Path, ledger_dir: Path | None = None) -> Trace:
                 trace.dead[task_id].append(str((rec.get("detail") or {}).get("reason")))
                 when = int(rec.get("ts_ms") or 0) / 1000
                 trace.first_dead_s[task_id] = min(when, trace.first_dead_s.get(task_id, when))
+    trace.keys = by_message
     for message_id in replays:
         # a message only an untraced worker ran is known by its message id alone
-        trace.replays[by_message.get(message_id, message_id)] += 1
+        trace.replays[trace.key_of(message_id)] += 1
     return trace
 
 
@@ -434,7 +447,7 @@ def _excused_by_the_audits_blind_spot(
     off in part of the fleet, one an untraced worker ran or dead-lettered ("lost") or
     published (a chain's link, a retry: "unexpected", its publish untraced); a message a
     failover without ``wait_replicas`` may have run twice ("duplicated")."""
-    key = ident.rsplit("/", 1)[-1]
+    key = audit_key(ident, ev)
     if verdict == "lost" and _dead_by_broker(ident, ev):
         return True
     if scenario.settings.untraced:
@@ -448,10 +461,15 @@ def _excused_by_the_audits_blind_spot(
     return verdict == "duplicated" and _failover_may_rerun(key, ev, scenario.settings.timeout_s)
 
 
+def audit_key(ident: str, ev: Evidence) -> str:
+    """The checker's key of the audit's ``<queue>/<message id>`` (:meth:`Trace.key_of`)."""
+    return ev.trace.key_of(ident.rsplit("/", 1)[-1])
+
+
 def _dead_by_broker(ident: str, ev: Evidence) -> bool:
     """Whether the audit's ``<queue>/<message id>`` is a message RabbitMQ dead-lettered under
     a queue bound (the audit reads the trace only, where such a message has no end)."""
-    key = ident.rsplit("/", 1)[-1]
+    key = audit_key(ident, ev)
     return bool(ev.faults["queues_bound"]) and by_broker(ev.dead_letters.get(key, set()))
 
 
@@ -615,7 +633,9 @@ def judge(scenario: Scenario, ev: Evidence) -> list[Violation]:
         for ident in ev.audit.ids.get(verdict, []):
             if _excused_by_the_audits_blind_spot(verdict, ident, scenario, ev):
                 continue  # judged below, by the ledger and the brokers
-            found.append(Violation("audit", ident, f"the audit says {verdict}"))
+            key = audit_key(ident, ev)
+            of = f" (task {key})" if key != ident.rsplit("/", 1)[-1] else ""
+            found.append(Violation("audit", ident, f"the audit says {verdict}{of}"))
     if counts.get("malformed_lines"):
         found.append(Violation("audit", "-", f"{counts['malformed_lines']} malformed lines"))
     for key in sorted(ev.confirmed):

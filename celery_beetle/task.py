@@ -11,9 +11,11 @@
     def charge(order_id): ...
 
 Publishing (:meth:`BeetleTask.apply_async`) marks the message redundant (header
-``x-beetle-flags: 1``), so the ``beetle://`` transport writes it to two brokers, and makes the
-Celery task id its AMQP ``message_id``: the dedup identity is the logical task, and publishing
-the same task id again (an outbox relay, a client retry after a lost reply) is a duplicate.
+``x-beetle-flags: 1``), so the ``beetle://`` transport writes it to two brokers, and gives it
+an AMQP ``message_id`` of its own (:mod:`celery_beetle.message_ids`): a message is a publish,
+not a task id, so applying one frozen signature twice runs twice, while the two copies of one
+publish, or a run's republish after a crash, run once. A caller's ``message_id`` (an
+idempotency key) is kept: publishing it again is a duplicate.
 ``redundant=False`` (on the task, or per call) publishes one copy, still deduplicated.
 
 Running: the worker's gate (:mod:`celery_beetle.worker.gate`) drops copies that already ran; in the
@@ -60,7 +62,8 @@ Celery's ack options, as BeetleTask takes them (:data:`ACK_RULES`):
 - ``worker_prefetch_multiplier = 0`` (no limit) works: every delivery the gate claims holds
   a reservation, renewed while it waits.
 
-:May import: ``kombu_beetle``, ``celery_beetle.settings``, ``celery_beetle.worker``
+:May import: ``kombu_beetle``, ``celery_beetle.settings``, ``celery_beetle.worker``,
+    ``celery_beetle.message_ids``
 :Not imported by: ``kombu_beetle``, ``celery_beetle.store``, ``celery_beetle.worker``,
     ``celery_beetle.settings``, ``celery_beetle.metrics``, ``celery_beetle.censor``
 """
@@ -78,6 +81,7 @@ from celery import Task
 from celery.signals import before_task_publish
 from celery.worker.request import Request
 
+from celery_beetle.message_ids import message_id_for, publish_message_id
 from celery_beetle.settings import DEPRECATED_OPTIONS, TASK_OPTIONS, BeetleSettings, take_deprecated
 from celery_beetle.worker.errors import AttemptsExhausted, DeadLettered, Dropped, HandBack
 from celery_beetle.worker.facts import (
@@ -216,24 +220,21 @@ class BeetleTask(Task):
         **options: Any,
     ) -> Any:
         """Celery's ``apply_async``; also marks the message redundant (unless
-        ``redundant=False``) and makes ``message_id`` the task id."""
+        ``redundant=False``) and gives it its ``message_id`` (:mod:`celery_beetle.message_ids`)."""
         redundant = options.pop("redundant", None)
         if redundant is None:
             redundant = self.redundant
         if not self.app.conf.task_always_eager:
             from celery.utils import uuid
 
-            task_id = task_id or uuid()
             headers = dict(options.pop("headers", None) or {})
             if redundant:
                 headers[FLAGS_HEADER] = _int(headers.get(FLAGS_HEADER)) | FLAG_REDUNDANT
             options["headers"] = headers
-            options.setdefault(
-                "message_id",
-                message_id_for(
-                    task_id, options.get("retries"), options.get("replaced_task_nesting")
-                ),
-            )
+            if not options.get("message_id"):
+                options["message_id"] = publish_message_id(self.app, task_id, options)
+                task_id = task_id or options["message_id"]  # a new task: one id for both
+            task_id = task_id or uuid()
         publishing = _publishing.set(True)
         try:
             return super().apply_async(
@@ -403,26 +404,6 @@ def time_limits_for(
     if soft_time_limit:
         soft = min(soft, float(soft_time_limit))
     return hard, min(soft, hard)
-
-
-def message_id_for(task_id: str, retries: Any = None, replaced: Any = None) -> str:
-    """The ``message_id`` of a task message: its task id, so a republish dedups.
-
-    Two Celery calls publish a new message under a task id that already ran, and each gets
-    a suffix, the same one every time that message is published:
-
-    * ``self.retry()`` (the design: "a Celery retry() is a new publish"): ``:retry-N``;
-    * ``self.replace(sig)``: the replacement takes the replaced task's id, so that the
-      caller's result is the replacement's, and Celery counts the nesting in the
-      ``replaced_task_nesting`` option: ``:replace-N`` (without it, the replacement was a
-      "duplicate" of the run that replaced itself, dropped, and the caller waited forever).
-    """
-    message_id = task_id
-    if replaced:
-        message_id = f"{message_id}:replace-{int(replaced)}"
-    if retries:
-        message_id = f"{message_id}:retry-{int(retries)}"
-    return message_id
 
 
 def _int(value: Any) -> int:

@@ -188,6 +188,7 @@ class DeadLetter:
         return {
             "message_id": self.message_id,
             "task": self.task,
+            "task_id": _text(h["id"]) if h.get("id") else None,
             "queue": self.queue,
             "scope": self.scope,
             "reason": self.reason,
@@ -435,13 +436,23 @@ def _common_prefix(a: str, b: str) -> str:
 
 
 def resolve_ids(letters: Iterable[DeadLetter], ids: Sequence[str], queue: str) -> list[str]:
-    """The full message ids that ``ids`` name: each a whole id or a prefix of exactly one
-    id of ``letters``; :class:`DeadLetterNotFound` names the first that is neither."""
+    """The full message ids that ``ids`` name: each a whole message id, a Celery task id
+    (every message of that task) or a prefix of exactly one message id of ``letters``;
+    :class:`DeadLetterNotFound` names the first that is none of them."""
+    letters = list(letters)
     known = sorted({d.message_id for d in letters if d.message_id})
+    of_task: dict[str, list[str]] = {}
+    for d in letters:
+        task_id = d.headers.get("id")
+        if task_id and d.message_id:
+            of_task.setdefault(str(_text(task_id)), []).append(d.message_id)
     resolved = []
     for given in ids:
         if given in known:
             resolved.append(given)
+            continue
+        if given in of_task:
+            resolved.extend(sorted(set(of_task[given])))
             continue
         matches = [message_id for message_id in known if message_id.startswith(given)]
         if not matches:

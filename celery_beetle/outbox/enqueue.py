@@ -97,6 +97,7 @@ def apply_async(
     options.pop("producer", None)
     options.pop("connection", None)
     task_id = options.pop("task_id", None) or new_id()
+    options.setdefault("message_id", task_id)  # the row's id: a relay's republish dedups
     return task.apply_async(args, kwargs, task_id=task_id, producer=producer, **options)
 
 

@@ -32,8 +32,8 @@ def test_a_message_in_two_queues_of_one_scope_runs_once(brokers, redis_url, clie
     record = app.tasks["eo.record"]
     message_ids = [str(uuid.uuid4()) for _ in range(10)]
     for item, message_id in enumerate(message_ids):
-        record.apply_async((item,), queue="jobs", task_id=message_id)
-        record.apply_async((item,), queue="jobs.v2", task_id=message_id)
+        record.apply_async((item,), queue="jobs", task_id=message_id, message_id=message_id)
+        record.apply_async((item,), queue="jobs.v2", task_id=message_id, message_id=message_id)
     worker = eo_worker(queue="jobs,jobs.v2", extra_env=_scopes_env({"jobs.v2": "jobs"}))
     items = dict.fromkeys(range(10), 1)
     assert wait_until(lambda: counts([worker]) == items, timeout=30)
@@ -53,8 +53,10 @@ def test_one_message_id_in_two_scopes_runs_once_in_each(brokers, client, eo_work
     record = app.tasks["eo.record"]
     for item in range(5):
         message_id = str(uuid.uuid4())
-        record.apply_async((item,), queue="billing", task_id=message_id)
-        record.apply_async((100 + item,), queue="shipping", task_id=message_id)
+        record.apply_async((item,), queue="billing", task_id=message_id, message_id=message_id)
+        record.apply_async(
+            (100 + item,), queue="shipping", task_id=message_id, message_id=message_id
+        )
     worker = eo_worker(queue="billing,shipping")
     items = {**dict.fromkeys(range(5), 1), **dict.fromkeys(range(100, 105), 1)}
     assert wait_until(lambda: counts([worker]) == items, timeout=30)

@@ -53,6 +53,15 @@ def test_a_unique_prefix_names_its_dead_letter_and_a_whole_id_names_itself():
     ]
 
 
+def test_a_task_id_names_every_dead_letter_of_that_task():
+    """A frozen signature applied twice is two messages of one task id."""
+    letters = [letter("m-1"), letter("m-2"), letter("m-3")]
+    letters[0].headers["id"] = letters[1].headers["id"] = "task-a"
+    letters[2].headers["id"] = "task-b"
+    assert dead_letters.resolve_ids(letters, ["task-a"], "jobs") == ["m-1", "m-2"]
+    assert letters[2].summary()["task_id"] == "task-b"
+
+
 @pytest.mark.parametrize(
     ("given", "said"),
     [("nosuch", "no dead letter 'nosuch' in jobs.dead"), ("8ada1", "'8ada1' is the start of 2")],

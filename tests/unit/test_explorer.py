@@ -529,6 +529,30 @@ def test_a_message_a_queue_bound_dead_lettered_is_judged_dead_lettered_not_lost(
     assert judged(set(), bounded, audit=said_lost) == ["audit", "lost"]
 
 
+def test_the_audits_verdict_on_a_message_id_is_judged_by_the_task_id_its_publish_named(
+    tmp_path: Path,
+):
+    import json
+
+    # a message is a publish: its id is not its task id; the trace's events name both
+    line = {"ts_ms": 1, "event": "published", "message_id": "m-1", "queue": "explore",
+            "task_id": "s1-0-x", "detail": {"confirmed": True}}  # fmt: skip
+    (tmp_path / "p.jsonl").write_text(json.dumps(line) + "\n")
+    item = Item(0, "work", "ok")
+    key = "s1-0-x"
+    scenario = _scenario(Settings(), item, Fault(1.0, "queues_bound", 0, 3.0, bound=200))
+    said_lost = Verdict({"lost": 1}, {"lost": ["explore/m-1"]})
+    ev = _evidence(key, item, dead_letters={key: {"broker:maxlen"}}, audit=said_lost)
+    ev.trace = checker.read_trace(tmp_path)
+    ev.faults = Counter({"queues_bound": 1})
+    assert ev.trace.key_of("m-1") == key and ev.trace.key_of("other") == "other"
+    assert checker.judge(scenario, ev) == []  # dead-lettered by RabbitMQ, not lost
+    ev.dead_letters = {}
+    violations = checker.judge(scenario, ev)
+    assert sorted(v.rule for v in violations) == ["audit", "lost"]
+    assert "(task s1-0-x)" in next(v.detail for v in violations if v.rule == "audit")
+
+
 def test_a_surplus_copy_expired_beside_a_completed_one_is_no_second_outcome(tmp_path: Path):
     item = Item(0, "work", "ok")
     key = "s1-0-x"

@@ -68,6 +68,7 @@ __all__ = [
     "Evidence",
     "Trace",
     "Violation",
+    "audit_key",
     "awaited",
     "by_broker",
     "chain_modes",
@@ -122,16 +123,27 @@ class Trace:
     first_dead_s: dict[str, float] = field(default_factory=dict)
     replays: Counter[str] = field(default_factory=Counter)
     seen_completed: set[str] = field(default_factory=set)
-    #: per message id, when its first confirmed ``published`` event was written (ms)
+    #: per key, when its first confirmed ``published`` event was written (ms)
     first_published_ms: dict[str, int] = field(default_factory=dict)
     #: (sixth version) messages a worker with tracing off completed, by the ledger: a body
     #: that returned (or called ``self.retry``) in one of its processes
     ledger_completed: set[str] = field(default_factory=set)
-    #: per message id, its confirmed copies: (when the confirm was written, unix seconds;
-    #: the broker, as the clients name it)
+    #: per key (message ids mapped by :meth:`key_of` once read), its confirmed copies: (when
+    #: the confirm was written, unix seconds; the broker, as the clients name it)
     copies: dict[str, list[tuple[float, str]]] = field(default_factory=lambda: defaultdict(list))
-    #: per message id, the brokers a worker took a copy of it from (``delivered``)
+    #: per key, the brokers a worker took a copy of it from (``delivered``)
     delivered_from: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    #: message id -> the checker's key, from the trace events that name both
+    keys: dict[str, str] = field(default_factory=dict)
+
+    def key_of(self, message_id: str) -> str:
+        """The key that judges the message with id ``message_id`` (the audit names messages
+        so). A message is a publish, with an id of its own (:mod:`celery_beetle.message_ids`),
+        while the ledger, the brokers' dead letters and the items know a message by its task
+        id (a ``self.retry``'s by its ``<task id>:retry-N``): the trace's events carry both,
+        so this is the task id of the publish the audit judged, or ``message_id`` itself
+        when no event named a task id (a message only an untraced worker published)."""
+        return self.keys.get(message_id, message_id)
 
     def is_completed(self, task_id: str) -> bool:
         return (
@@ -199,10 +211,28 @@ def read_trace(trace_dir: Path, ledger_dir: Path | None = None) -> Trace:
                 trace.dead[task_id].append(str((rec.get("detail") or {}).get("reason")))
                 when = int(rec.get("ts_ms") or 0) / 1000
                 trace.first_dead_s[task_id] = min(when, trace.first_dead_s.get(task_id, when))
+    trace.keys = by_message
+    _key_by_task(trace)
     for message_id in replays:
         # a message only an untraced worker ran is known by its message id alone
-        trace.replays[by_message.get(message_id, message_id)] += 1
+        trace.replays[trace.key_of(message_id)] += 1
     return trace
+
+
+def _key_by_task(trace: Trace) -> None:
+    """Key what the trace gathered per message id (its confirmed copies, the brokers it was
+    taken from, its first confirm) by the checker's key, as the ledger and the items are."""
+    copies: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    for message_id, found in trace.copies.items():
+        copies[trace.key_of(message_id)].extend(found)
+    delivered_from: dict[str, set[str]] = defaultdict(set)
+    for message_id, brokers in trace.delivered_from.items():
+        delivered_from[trace.key_of(message_id)].update(brokers)
+    first: dict[str, int] = {}
+    for message_id, when_ms in trace.first_published_ms.items():
+        key = trace.key_of(message_id)
+        first[key] = min(when_ms, first.get(key, when_ms))
+    trace.copies, trace.delivered_from, trace.first_published_ms = copies, delivered_from, first
 
 
 @dataclass
@@ -474,7 +504,7 @@ def _excused_by_the_audits_blind_spot(
     off in part of the fleet, one an untraced worker ran or dead-lettered ("lost") or
     published (a chain's link, a retry: "unexpected", its publish untraced); a message a
     failover without ``wait_replicas`` may have run twice ("duplicated")."""
-    key = ident.rsplit("/", 1)[-1]
+    key = audit_key(ident, ev)
     if verdict == "lost" and _dead_by_broker(ident, ev):
         return True
     if verdict == "lost" and _early_ack_twin(key, scenario, ev):
@@ -490,10 +520,15 @@ def _excused_by_the_audits_blind_spot(
     return verdict == "duplicated" and _failover_may_rerun(key, ev, scenario.settings.timeout_s)
 
 
+def audit_key(ident: str, ev: Evidence) -> str:
+    """The checker's key of the audit's ``<queue>/<message id>`` (:meth:`Trace.key_of`)."""
+    return ev.trace.key_of(ident.rsplit("/", 1)[-1])
+
+
 def _dead_by_broker(ident: str, ev: Evidence) -> bool:
     """Whether the audit's ``<queue>/<message id>`` is a message RabbitMQ dead-lettered under
     a queue bound (the audit reads the trace only, where such a message has no end)."""
-    key = ident.rsplit("/", 1)[-1]
+    key = audit_key(ident, ev)
     return bool(ev.faults["queues_bound"]) and by_broker(ev.dead_letters.get(key, set()))
 
 
@@ -657,7 +692,9 @@ def judge(scenario: Scenario, ev: Evidence) -> list[Violation]:
         for ident in ev.audit.ids.get(verdict, []):
             if _excused_by_the_audits_blind_spot(verdict, ident, scenario, ev):
                 continue  # judged below, by the ledger and the brokers
-            found.append(Violation("audit", ident, f"the audit says {verdict}"))
+            key = audit_key(ident, ev)
+            of = f" (task {key})" if key != ident.rsplit("/", 1)[-1] else ""
+            found.append(Violation("audit", ident, f"the audit says {verdict}{of}"))
     if counts.get("malformed_lines"):
         found.append(Violation("audit", "-", f"{counts['malformed_lines']} malformed lines"))
     for key in sorted(ev.confirmed):

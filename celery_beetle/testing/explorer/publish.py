@@ -103,6 +103,7 @@ class Publisher(threading.Thread):
             app.tasks["ex.retry"].apply_async(
                 (item.retries, item.retry_s, item.sleep_s, item.mode == "past_max"),
                 task_id=key,
+                message_id=key,  # its retries are ``<key>:retry-N`` (checker.retry_key)
                 connection=conn,
                 retry_policy=POLICY,
             )
@@ -149,7 +150,7 @@ class Publisher(threading.Thread):
         chord(header, body).apply_async(retry_policy=POLICY)
 
     def _publish_scoped(self, app: Any, conn: Any, item: Item, key: str) -> None:
-        """One task id to both queues of one dedup scope: one message, run once. Confirmed
+        """One message id to both queues of one dedup scope: one message, run once. Confirmed
         once either publish is (the other copy is then a duplicate that may never come)."""
         work = app.tasks["ex.work"]
         failed: Exception | None = None
@@ -157,7 +158,8 @@ class Publisher(threading.Thread):
         for queue in (self.run_.queue, SECOND_QUEUE):
             try:
                 work.apply_async(
-                    ("ok", item.sleep_s), task_id=key, queue=queue, connection=conn,
+                    ("ok", item.sleep_s), task_id=key, message_id=key, queue=queue,
+                    connection=conn,
                     retry_policy=POLICY,
                 )  # fmt: skip
                 published += 1

@@ -197,7 +197,7 @@ def _story(
     if not messages:
         return [str(violations[0])]
     first = messages[0]
-    key = first.key.rsplit("/", 1)[-1]  # the audit names ``<queue>/<message id>``
+    key = checker.audit_key(first.key, evidence)  # the audit names ``<queue>/<message id>``
     return [str(first), *checker.known(key, evidence), *timeline(base, key, 40)]
 
 

@@ -164,8 +164,8 @@ SIXTH_VERSION: dict[str, str] = {
     "stored leaves only the twin on the other broker; if that broker's data is lost too "
     '(an empty node in its place, or the broker destroyed), the message is lost" (two '
     "faults for a task whose owner chose early acks: the run cut short and its twin's "
-    "broker destroyed; with `acks_late` as BeetleTask sets it, or with either fault alone, "
-    "nothing is excused)",
+    "broker destroyed, or a broker down when it was published so that it has no twin; with "
+    "`acks_late` as BeetleTask sets it, or with either fault alone, nothing is excused)",
 }
 
 #: the rule :func:`early_ack_twin_lost` applies (SIXTH_VERSION "early_ack_twin")
@@ -309,11 +309,18 @@ def early_ack_twin_lost(
     the body: so a run whose body never began
     counts, a message no worker took does not). The checker adds that it has no outcome
     and is not left in a queue (the run was cut short). Whether the twin was destroyed
-    before or after the run began does not matter: either way two faults took both copies."""
-    if acks_late is not False:
+    before or after the run began does not matter: either way two faults took both copies.
+    A message published while a broker was down has no twin (a degraded publish, one
+    copy): the fault at its publish took the twin, and the taken copy was its last."""
+    if acks_late is not False or not copies:  # no confirmed copy traced: nothing to judge by
         return False
-    for replaced_at, broker in replacements:
-        twin_wiped = any(b == broker and ts < replaced_at for ts, b in copies)
-        if twin_wiped and delivered_from - {broker}:
+
+    def gone(when: float, broker: str) -> bool:
+        return any(b == broker and when < lost_at for lost_at, b in replacements)
+
+    for taken in delivered_from:
+        # the other copies: none when the publish was degraded (a broker down then)
+        twins = [(when, broker) for when, broker in copies if broker != taken]
+        if all(gone(when, broker) for when, broker in twins):
             return True
     return False

@@ -471,7 +471,7 @@ def _early_ack_twin(key: str, scenario: Scenario, ev: Evidence) -> bool:
 def early_ack_losses(scenario: Scenario, ev: Evidence) -> list[str]:
     """The confirmed messages lost that :func:`_early_ack_twin` excused (for the run's notes
     and verdict: what early acks cost beside an empty broker)."""
-    if scenario.settings.acks_late is not False or not ev.replacements:
+    if scenario.settings.acks_late is not False:
         return []
     keys = set(ev.confirmed) | {i.rsplit("/", 1)[-1] for i in ev.audit.ids.get("lost", [])}
     return sorted(k for k in keys if _early_ack_twin(k, scenario, ev))

@@ -20,6 +20,7 @@ __all__ = [
     "EARLY_ACK_TWIN",
     "FIFTH_VERSION",
     "FOURTH_VERSION",
+    "OUTAGE_SLACK_S",
     "RULES",
     "SIXTH_VERSION",
     "THIRD_VERSION",
@@ -175,6 +176,13 @@ SIXTH_VERSION: dict[str, str] = {
     "broker destroyed; with `acks_late` as BeetleTask sets it, or with either fault alone, "
     "nothing is excused)",
 }
+
+#: exactly-once.md "When Redis is unavailable or fails over": "Keep the lease (`timeout`)
+#: longer than a failover by a second or more (counted from the body's start to the store
+#: taking writes again)": a completion waiting for the store is tried again at least every
+#: half second, and another copy claims the message as the lease ends. So a completion that
+#: waited in an outage that ended less than this before its lease did may lose its message.
+OUTAGE_SLACK_S = 1.0
 
 #: the rule :func:`early_ack_twin_lost` applies (SIXTH_VERSION "early_ack_twin")
 EARLY_ACK_TWIN = "early_ack_twin"

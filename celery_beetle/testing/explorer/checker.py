@@ -332,8 +332,9 @@ def _waited_out_its_lease(
     stored_starts: Sequence[tuple[float, int]] = (),
 ) -> bool:
     """A body that returned while Redis could not store its completion, in an outage that
-    outlasted its lease: the completion may lose its message to another run, as the docs
-    say ("keep the lease longer than a failover"; the explorer's seeds 5012 and 97014).
+    outlasted its lease, or ended less than :data:`allowed.OUTAGE_SLACK_S` before it: the
+    completion may lose its message to another run, as the docs say ("keep the lease longer
+    than a failover by a second or more"; the explorer's seeds 5012 and 97014).
 
     The lease counts from the stored start: the run's traced ``started`` event in that
     process (``stored_starts``), written once the start was stored, else its body's first
@@ -341,7 +342,8 @@ def _waited_out_its_lease(
     began = max((ts for ts, p in stored_starts if p == pid and ts <= end_ts), default=None)
     if began is None:
         began = max((ts for ts, p in entry.starts if p == pid and ts <= end_ts), default=end_ts)
-    return any(s - 1.0 <= end_ts <= e and e > began + lease_s for s, e in outages)
+    slack = allowed.OUTAGE_SLACK_S
+    return any(s - 1.0 <= end_ts <= e and e + slack > began + lease_s for s, e in outages)
 
 
 def _returned(entry: Entry, ev: Evidence, lease_s: float, key: str) -> list[tuple[float, int]]:

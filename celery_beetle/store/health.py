@@ -148,7 +148,9 @@ def call_until_stored(
     either ack a message whose outcome is not stored or run it again. The try number (0
     first) lets the caller's write be recognised as its own after a lost reply. The task's
     hard time limit is the only bound (it kills the pool process, and the message goes back
-    to its queue); the soft limit is for bodies, and one that fires here is ignored. A wait
+    to its queue), and a pool process's limits wait for its outcome, at most one hard limit
+    more (:func:`celery_beetle.worker.time_limits.storing_the_outcome`); the soft limit is
+    for bodies, and one that fires here is ignored. A wait
     is said once as it begins and once as it ends; an error not understood, in full every
     20 tries.
     """

@@ -21,7 +21,10 @@ Rules:
 - A claim is retried for a few seconds under the same owner, then the copy is handed back
   (:class:`~.errors.HandBack`).
 - A completion or failure is retried until stored
-  (:func:`~celery_beetle.store.health.call_until_stored`).
+  (:func:`~celery_beetle.store.health.call_until_stored`), at least every
+  :data:`OUTCOME_RETRY_MAX_S`; under prefork the job's time limits wait for it
+  (:func:`~.time_limits.storing_the_outcome`): a Redis outage shorter than the lease loses
+  no outcome of a body that ended.
 - A dead letter that cannot be published hands the copy back; the record keeps it owed.
 - Where the pool cannot cut a body short, a :class:`~.lease.LeaseKeeper` extends its lease.
 """
@@ -63,6 +66,7 @@ from celery_beetle.worker.runnable import (
 from kombu_beetle.trace import get_tracer
 
 __all__ = [
+    "OUTCOME_RETRY_MAX_S",
     "AttemptsExhausted",
     "DeadLettered",
     "HandBack",
@@ -76,6 +80,11 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: The longest pause between two tries of a completion or failure Redis did not take: once
+#: Redis is back the outcome is stored within it (plus a try's own wait for a replica's ack
+#: with ``beetle_redis_wait_replicas``), before the lease runs out and another copy claims.
+OUTCOME_RETRY_MAX_S = 0.5
 
 
 class Run:
@@ -306,9 +315,11 @@ class Run:
         self._complete(self.started)
 
     def _complete(self, started: float) -> bool:
+        time_limits.storing_the_outcome()
         fence = call_until_stored(
             lambda _: self.store.complete(self.facts, self.token),
             f"the completion of {self._name()}",
+            max_wait_s=OUTCOME_RETRY_MAX_S,
         )
         if fence.ok:
             self._trace("completed", runtime_ms=round((time.monotonic() - started) * 1000))
@@ -327,9 +338,11 @@ class Run:
     def _failed(self, exc: Exception) -> BaseException | None:
         """Record the failure; return what to raise instead of ``exc`` (None: ``exc``)."""
         retryable = self.settings.is_retryable(exc)
+        time_limits.storing_the_outcome()
         decision = call_until_stored(
             lambda _: self.store.fail(self.facts, self.token, self.limits, retryable, self.owner),
             f"the failure of {self._name()}",
+            max_wait_s=OUTCOME_RETRY_MAX_S,
         )
         self._trace("failed", exc=f"{type(exc).__name__}: {exc}"[:300])
         if decision.outcome is Failure.NOT_OWNER:

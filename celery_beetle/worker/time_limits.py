@@ -18,6 +18,16 @@ hard limit, so two runs never overlap:
   job's process still waits on the store the limit waits too (at most one hard limit
   more), and once the body's limits count from a later moment the limit is moved there.
 
+After the body, the outcome (a completion, a failure) is stored from the same pool process,
+retried until Redis takes it. A limit that fell due then would kill the process with a body
+that had run to its end and lose its outcome: under a Redis outage shorter than the lease, a
+hard limit at 90 % of the lease killed completions the store would have taken in time, and
+the next copy found a run started and never completed (the fault explorer's seed 97014,
+a Sentinel failover with ``beetle_redis_wait_replicas``). So the process notes that it waits
+on the store again (:func:`storing_the_outcome`), and its limits wait as they do before the
+body, at most one hard limit more. A body can no longer overrun its lease then; a completion
+stored after the lease ran out is refused if another copy took the message over meanwhile.
+
 The table holds two monotonic times per pool process (by billiard's process index):
 ``waiting`` (the store wait began) and ``counts_from``. A job reads only what was written
 after the job's own ``ACK`` (``_time_accepted``, the pool process's monotonic clock, which
@@ -49,6 +59,7 @@ __all__ = [
     "lease_for_the_body",
     "limits_count_from",
     "still_to_wait",
+    "storing_the_outcome",
     "waiting_on_the_store",
 ]
 
@@ -83,6 +94,13 @@ def waiting_on_the_store(now: float | None = None) -> None:
     slot = _own_slot()
     if slot is not None:
         _SLOT.pack_into(_table, slot * _SLOT.size, now or time.monotonic(), 0.0)
+
+
+def storing_the_outcome() -> None:
+    """In a pool process: the body has ended and its outcome waits on the store from now on;
+    the job's limits wait for it until the job ends (at most one hard limit more), as they
+    do for the start before the body."""
+    waiting_on_the_store()
 
 
 def limits_count_from(moment: float) -> None:

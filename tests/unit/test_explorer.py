@@ -161,6 +161,69 @@ def test_a_completion_that_waited_for_redis_past_its_lease_may_lose_its_message(
         assert [v.rule for v in checker.judge(_scenario(settings, item), ev)] == rules, outage
 
 
+def test_the_lease_of_a_completion_in_an_outage_counts_from_the_stored_start():
+    """Seed 97014: the start was stored (traced) at 40.28, the body's first ledger line came
+    at 41.12. An outage (a failover, no replica to acknowledge writes) from 40.36 to 45.5
+    ended less than a second before the lease of 6 s counted from the stored start (46.28),
+    but not from the ledger's (47.12). The completion may lose its message to another run,
+    as the docs say ("longer than a failover by a second or more")."""
+    from celery_beetle.testing.explorer.ledger import Entry, Ledger
+
+    item = Item(0, "work", "ok")
+    settings = Settings(timeout_s=6.0)
+    ledger = Ledger({"k": Entry(starts=[(41.12, 99)], ends=[(42.37, 99)])})
+    for started_at, rules in (([(40.28, 99)], []), ([], ["success_dead"])):
+        ev = _evidence("k", item, ledger=ledger, redis_outages=[(40.36, 45.5)])
+        ev.trace.dead["k"].append("attempts_limit")
+        ev.trace.started_at["k"] = started_at
+        assert [v.rule for v in checker.judge(_scenario(settings, item), ev)] == rules
+    # another process's start says nothing of this run's lease
+    ev = _evidence("k", item, ledger=ledger, redis_outages=[(40.36, 45.5)])
+    ev.trace.dead["k"].append("attempts_limit")
+    ev.trace.started_at["k"] = [(40.28, 98)]
+    assert [v.rule for v in checker.judge(_scenario(settings, item), ev)] == ["success_dead"]
+
+
+def _inbox_rules(
+    committed: float, ended: float, outage: tuple[float, float], kills: list[Any] | None = None
+) -> list[str]:
+    """The rules an inbox message breaks whose one run (started at 40.28, lease 6 s)
+    committed its effect at ``committed`` and returned at ``ended``, dead-lettered at
+    ``attempts=1`` after a Redis ``outage``."""
+    from celery_beetle.testing.explorer.ledger import Entry, Ledger
+
+    item = Item(0, "inbox")
+    entry = Entry(starts=[(40.3, 99)], ends=[(ended, 99)], committed=[(committed, 99)])
+    ev = _evidence(
+        "k", item, ledger=Ledger({"k": entry}), redis_outages=[outage], kills=kills or []
+    )
+    ev.trace.dead["k"].append("attempts_limit")
+    ev.trace.started_at["k"] = [(40.28, 99)]
+    ev.effects["k"] = 1
+    return sorted(v.rule for v in checker.judge(_scenario(Settings(timeout_s=6.0), item), ev))
+
+
+def test_an_inbox_commit_redis_could_not_mark_may_be_dead_lettered_when_cut_short():
+    """Seed 97014: the body committed during a failover with wait_replicas, so its inbox mark
+    was not stored, and its completion waited out its lease; at attempts=1 the next copy
+    dead-lettered it (allowed.SIXTH_VERSION "inbox_unmarked"). A commit before the outage was
+    marked (its run earns another start), and a completion stored in time is owed."""
+    assert _inbox_rules(committed=42.03, ended=42.37, outage=(40.36, 46.65)) == []
+    # killed after a commit in the outage: cut short, unmarked
+    killed = [(43.0, {99})]
+    assert _inbox_rules(committed=42.03, ended=42.37, outage=(40.36, 43.5), kills=killed) == []
+    # committed before the outage: the mark was stored, another start finds the row
+    assert _inbox_rules(committed=38.0, ended=42.37, outage=(40.36, 46.65)) == [
+        "inbox_committed_dead"
+    ]
+    # the outage ended within the lease: the completion should have been stored
+    assert _inbox_rules(committed=42.03, ended=42.37, outage=(40.36, 44.0)) == [
+        "inbox_committed_dead",
+        "success_dead",
+    ]
+    assert "inbox_unmarked" in allowed.SIXTH_VERSION
+
+
 def test_no_outcome_is_lost_and_too_many_starts_break_attempts():
     from celery_beetle.testing.explorer.ledger import Entry, Ledger
 
@@ -291,6 +354,21 @@ def test_a_copy_told_completed_by_the_store_counts_as_completed(tmp_path: Path):
     (tmp_path / "w.jsonl").write_text(json.dumps(line) + "\n")
     trace = checker.read_trace(tmp_path)
     assert trace.is_completed("k") and not trace.is_completed("other")
+
+
+def test_the_trace_keeps_when_and_where_each_run_started(tmp_path: Path):
+    import json
+
+    lines = [
+        {"ts_ms": 40281, "event": "started", "message_id": "k", "queue": "q", "task_id": "k",
+         "pid": 99},
+        {"ts_ms": 46500, "event": "started", "message_id": "k", "queue": "q", "task_id": "k",
+         "pid": 98},
+    ]  # fmt: skip
+    (tmp_path / "w.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    trace = checker.read_trace(tmp_path)
+    assert trace.started["k"] == 2
+    assert trace.started_at["k"] == [(40.281, 99), (46.5, 98)]
 
 
 def test_a_message_without_an_id_may_complete_once_a_replay_ran_its_dead_letter():

@@ -168,3 +168,70 @@ def test_a_lease_taken_over_while_the_reply_was_held_hands_the_copy_back():
     sent = time_limits.time.monotonic() - 5.0
     with pytest.raises(Reject):
         time_limits.lease_for_the_body(store, facts, mine.token, LIMITS, sent, "m-1")
+
+
+# -- after the body: the outcome waits on the store, and so do the limits --------------------
+
+
+def test_a_pool_process_storing_its_outcome_holds_its_limits_back(monkeypatch):
+    monkeypatch.setattr(time_limits, "current_process", lambda: SimpleNamespace(index=3))
+    time_limits.limits_count_from(40.0)
+    monkeypatch.setattr(time_limits.time, "monotonic", lambda: 45.0)
+    time_limits.storing_the_outcome()
+    assert time_limits.read_slot(3) == (45.0, 0.0)
+    # the job was taken at 39.9: its hard limit, due at 43.4, waits while the outcome does
+    assert 0 < still_to_wait(39.9, (45.0, 0.0), HARD, HARD, now=46.0) <= 0.1
+    assert still_to_wait(39.9, (45.0, 0.0), HARD, HARD, now=45.0 + 2 * HARD) == 0.0
+
+
+class _DownStore:
+    """A store that takes the completion at the third try, noting each try's table slot."""
+
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
+        self.tries: list[tuple[float, float]] = []
+
+    def complete(self, facts: MessageFacts, token: int) -> object:
+        import redis
+
+        from celery_beetle.store.outcome import Fence, FenceDecision
+
+        self.tries.append(time_limits.read_slot(self.slot))
+        if len(self.tries) < 3:
+            raise redis.exceptions.ConnectionError("Redis is failing over")
+        return FenceDecision(Fence.OK)
+
+
+def test_a_completion_redis_does_not_take_holds_the_time_limits_back_until_stored(monkeypatch):
+    """Seed 97014: a body returned during a Sentinel failover shorter than its lease; its
+    completion, retried in the pool process, was killed unstored by the hard time limit
+    (90 % of the lease), and the next copy dead-lettered the message (attempts=1). The
+    completion must hold the limits back while it waits, and try again often."""
+    import time
+
+    from celery_beetle.worker import run as run_module
+
+    monkeypatch.setattr(time_limits, "current_process", lambda: SimpleNamespace(index=4))
+    time_limits.limits_count_from(time.monotonic())
+    accepted = time.monotonic()
+    pauses: list[float] = []
+    real = run_module.call_until_stored
+
+    def call_until_stored(operation, what, **kwargs):
+        pauses.append(kwargs.get("max_wait_s", 2.0))
+        return real(operation, what, **kwargs)
+
+    monkeypatch.setattr(run_module, "call_until_stored", call_until_stored)
+    run = run_module.Run.__new__(run_module.Run)
+    run.store = store = _DownStore(slot=4)
+    run.facts = MessageFacts("celery", "m-1", 2_000_000_000_000)
+    run.token, run.task, run.request = 7, SimpleNamespace(name="t"), SimpleNamespace(id="m-1")
+    run._trace = lambda *args, **kwargs: None
+    assert run._complete(accepted)
+    assert len(store.tries) == 3
+    for slot in store.tries:
+        waiting, counts_from = slot
+        assert waiting >= accepted and counts_from == 0.0, slot
+        # its hard limit, due by now, waits for the completion
+        assert still_to_wait(accepted, slot, HARD, HARD, now=accepted + HARD + 0.5) > 0
+    assert pauses == [run_module.OUTCOME_RETRY_MAX_S] and pauses[0] <= 0.5

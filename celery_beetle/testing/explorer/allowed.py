@@ -20,6 +20,7 @@ __all__ = [
     "EARLY_ACK_TWIN",
     "FIFTH_VERSION",
     "FOURTH_VERSION",
+    "OUTAGE_SLACK_S",
     "RULES",
     "SIXTH_VERSION",
     "THIRD_VERSION",
@@ -152,6 +153,14 @@ SIXTH_VERSION: dict[str, str] = {
     "`beetle_redis_wait_replicas = 1` a write that no replica acknowledged within a second "
     'is treated like an unreachable Redis" (a frozen replica is a Redis outage: every rule '
     "holds, and a completion that waited past its lease is excused as in any outage)",
+    "inbox_unmarked": 'limits.md "The inbox costs starts": "A body that marked its inbox '
+    'commit and was cut short may start up to 2 more times than `attempts`"; "A body that '
+    "committed while Redis took no writes could not mark it: cut short, or its completion "
+    "waiting out its lease, it is dead-lettered at `attempts=1` (`attempts_limit`), its "
+    'effect committed" (so an inbox effect committed in a Redis outage, by a run then '
+    "killed or whose completion waited out its lease in that outage, may end "
+    "`dead:attempts_limit`; a run that committed outside an outage, or returned in time, "
+    "is judged as ever)",
     "untraced": "tracing is an option (`beetle_trace_dir`): a worker without it decides as "
     "any other; its messages are judged by the effect ledger (a body that returned, or "
     "called `self.retry`, completed) and the brokers' dead letters, and the audit, which "
@@ -167,6 +176,13 @@ SIXTH_VERSION: dict[str, str] = {
     "broker destroyed, or a broker down when it was published so that it has no twin; with "
     "`acks_late` as BeetleTask sets it, or with either fault alone, nothing is excused)",
 }
+
+#: exactly-once.md "When Redis is unavailable or fails over": "Keep the lease (`timeout`)
+#: longer than a failover by a second or more (counted from the body's start to the store
+#: taking writes again)": a completion waiting for the store is tried again at least every
+#: half second, and another copy claims the message as the lease ends. So a completion that
+#: waited in an outage that ended less than this before its lease did may lose its message.
+OUTAGE_SLACK_S = 1.0
 
 #: the rule :func:`early_ack_twin_lost` applies (SIXTH_VERSION "early_ack_twin")
 EARLY_ACK_TWIN = "early_ack_twin"

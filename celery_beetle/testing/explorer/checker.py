@@ -54,6 +54,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,12 @@ class Trace:
 
     completed: Counter[str] = field(default_factory=Counter)
     started: Counter[str] = field(default_factory=Counter)
+    #: per task id, its ``started`` events: (when written, unix seconds; the pool process).
+    #: Written once the claim or start that set the lease was stored, so the lease of that
+    #: run began at or before it (the body's first ledger line comes later)
+    started_at: dict[str, list[tuple[float, int]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
     dead: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     #: when the first ``dead_lettered`` event of a task id was written (unix seconds)
     first_dead_s: dict[str, float] = field(default_factory=dict)
@@ -203,6 +210,8 @@ def read_trace(trace_dir: Path, ledger_dir: Path | None = None) -> Trace:
                 trace.completed[task_id] += 1
             elif event == "started":
                 trace.started[task_id] += 1
+                when, pid = int(rec.get("ts_ms") or 0) / 1000, rec.get("pid")
+                trace.started_at[task_id].append((when, pid if isinstance(pid, int) else -1))
             elif event == "duplicate" and (rec.get("detail") or {}).get("status") in DONE:
                 # the store said "completed" to a copy: completed, whether or not the run's
                 # own ``completed`` event reached the trace (the audit's completed_unobserved)
@@ -345,23 +354,59 @@ def _killed_after(entry_ts: float, pid: int, kills: list[tuple[float, set[int]]]
 
 
 def _waited_out_its_lease(
-    end_ts: float, pid: int, entry: Entry, lease_s: float, outages: list[tuple[float, float]]
+    end_ts: float,
+    pid: int,
+    entry: Entry,
+    lease_s: float,
+    outages: list[tuple[float, float]],
+    stored_starts: Sequence[tuple[float, int]] = (),
 ) -> bool:
     """A body that returned while Redis could not store its completion, in an outage that
-    outlasted its lease: the completion may lose its message to another run, as the docs
-    say ("keep the lease longer than a failover"; the explorer's seed 5012)."""
-    began = max((ts for ts, p in entry.starts if p == pid and ts <= end_ts), default=end_ts)
-    return any(s - 1.0 <= end_ts <= e and e > began + lease_s for s, e in outages)
+    outlasted its lease, or ended less than :data:`allowed.OUTAGE_SLACK_S` before it: the
+    completion may lose its message to another run, as the docs say ("keep the lease longer
+    than a failover by a second or more"; the explorer's seeds 5012 and 97014).
+
+    The lease counts from the stored start: the run's traced ``started`` event in that
+    process (``stored_starts``), written once the start was stored, else its body's first
+    ledger line, which may come a second later on a loaded machine (seed 97014: 0.84 s)."""
+    began = max((ts for ts, p in stored_starts if p == pid and ts <= end_ts), default=None)
+    if began is None:
+        began = max((ts for ts, p in entry.starts if p == pid and ts <= end_ts), default=end_ts)
+    slack = allowed.OUTAGE_SLACK_S
+    return any(s - 1.0 <= end_ts <= e and e + slack > began + lease_s for s, e in outages)
 
 
-def _returned(entry: Entry, ev: Evidence, lease_s: float) -> list[tuple[float, int]]:
+def _returned(entry: Entry, ev: Evidence, lease_s: float, key: str) -> list[tuple[float, int]]:
     """The bodies that returned and whose completion nothing excused from being stored."""
+    stored_starts = ev.trace.started_at.get(key, [])
     return [
         (ts, pid)
         for ts, pid in entry.ends
         if not _killed_after(ts, pid, ev.kills)
-        and not _waited_out_its_lease(ts, pid, entry, lease_s, ev.redis_outages)
+        and not _waited_out_its_lease(ts, pid, entry, lease_s, ev.redis_outages, stored_starts)
     ]
+
+
+def _committed_unmarked(key: str, entry: Entry, ev: Evidence, lease_s: float) -> bool:
+    """allowed.SIXTH_VERSION "inbox_unmarked": every run that committed the inbox effect
+    did so while Redis could take no write (so its inbox mark, written just before the
+    commit, may not have been stored) and was then cut short: killed after, or its
+    completion waited out its lease in that outage. Such a run earns no extra start, so at
+    ``attempts=1`` the next copy dead-letters the message as any run cut short."""
+    if not entry.committed:
+        return False
+    stored_starts = ev.trace.started_at.get(key, [])
+    for committed_ts, pid in entry.committed:
+        if not any(s - 1.0 <= committed_ts <= e for s, e in ev.redis_outages):
+            return False
+        ends = [ts for ts, p in entry.ends if p == pid and ts >= committed_ts]
+        if not ends or _killed_after(committed_ts, pid, ev.kills):
+            continue  # cut short before it returned, or killed after it
+        if not _waited_out_its_lease(
+            min(ends), pid, entry, lease_s, ev.redis_outages, stored_starts
+        ):
+            return False
+    return True
 
 
 def _outcomes(key: str, ev: Evidence) -> set[str]:
@@ -408,7 +453,7 @@ def _judge_beetle(scenario: Scenario, key: str, item: Item, ev: Evidence) -> lis
     most = allowed.max_starts(settings, replays, inbox=item.kind == "inbox") * (2 if rerun else 1)
     if starts > most:
         breach("starts", f"{starts} body starts with attempts={settings.attempts}")
-    returned = _returned(entry, ev, settings.timeout_s)
+    returned = _returned(entry, ev, settings.timeout_s, key)
     again = any(ts > returned[0][0] for ts, _ in entry.starts) if returned else False
     if again and not replays and not rerun:
         breach("ran_again", f"started again after a body returned at {returned[0][0]:.2f}")
@@ -436,7 +481,7 @@ def _judge_beetle(scenario: Scenario, key: str, item: Item, ev: Evidence) -> lis
                 f"started {len(began)} time(s) before it ({starts} in all, {replays} replay(s))",
             )
         returned = [
-            (ts, pid) for ts, pid in _returned(entry, ev, settings.timeout_s) if ts <= dead_at
+            (ts, pid) for ts, pid in _returned(entry, ev, settings.timeout_s, key) if ts <= dead_at
         ]
         if returned:
             breach(
@@ -448,7 +493,11 @@ def _judge_beetle(scenario: Scenario, key: str, item: Item, ev: Evidence) -> lis
     if item.kind == "inbox":
         if ev.effects[key] > 1:
             breach("inbox_twice", f"{ev.effects[key]} effect rows behind the inbox")
-        if ev.effects[key] and any(o.startswith("dead:") for o in outcomes):
+        if (
+            ev.effects[key]
+            and any(o.startswith("dead:") for o in outcomes)
+            and not _committed_unmarked(key, entry, ev, settings.timeout_s)
+        ):
             breach("inbox_committed_dead", f"effect committed, but dead-lettered: {outcomes}")
     return found
 
@@ -545,7 +594,7 @@ def _judge_bounded(
     replays = ev.trace.replays[key]
     if len(entry.starts) > allowed.max_starts(settings, replays, inbox=item.kind == "inbox"):
         found.append(Violation("starts", key, f"{len(entry.starts)} body starts; {what}"))
-    returned = _returned(entry, ev, settings.timeout_s)
+    returned = _returned(entry, ev, settings.timeout_s, key)
     if returned and not replays:
         detail = f"a body returned at {returned[0][0]:.2f}, unkilled, never completed; {what}"
         found.append(Violation("success_dead", key, detail))

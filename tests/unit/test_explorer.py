@@ -1100,3 +1100,19 @@ def test_early_acks_may_lose_a_taken_message_whose_twin_an_empty_broker_wiped_an
         "audit",
         "lost",
     ]
+
+
+def test_a_flaky_body_a_failover_ran_again_may_complete_though_its_first_run_failed():
+    from celery_beetle.testing.explorer.ledger import Entry, Ledger
+
+    item = Item(0, "work", "flaky")  # fails its first run, succeeds the next
+    ledger = Ledger({"k": Entry(starts=[(10.0, 5), (14.0, 6)], ends=[(14.2, 6)])})
+
+    def rules(failovers: list[tuple[float, float, bool]]) -> list[str]:
+        ev = _evidence("k", item, ledger=ledger, failovers=failovers)
+        ev.trace.completed["k"] = 1
+        return sorted(v.rule for v in checker.judge(_scenario(Settings(), item), ev))
+
+    assert rules([(10.5, 0.0, False)]) == []  # its failure was acknowledged unreplicated
+    assert "outcome" in rules([(10.5, 0.0, True)])  # wait_replicas: the failure stands
+    assert "outcome" in rules([])

@@ -282,8 +282,8 @@ def run_scenario(cluster: Cluster, scenario: Scenario, base: Path) -> Outcome:
         twins = checker.early_ack_losses(scenario, evidence)
         if twins:
             notes.append(
-                f"acks_late=False: {len(twins)} message(s) lost with their twin on a replaced "
-                f"broker (allowed by rule {allowed.EARLY_ACK_TWIN})"
+                f"acks_late=False: {len(twins)} message(s) lost with their twin (wiped with "
+                f"its broker, or never made) (allowed by rule {allowed.EARLY_ACK_TWIN})"
             )
         (base / "verdict.json").write_text(
             json.dumps(

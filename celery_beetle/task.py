@@ -92,7 +92,7 @@ from celery_beetle.worker.facts import (
     RUNTIME_MARK,
 )
 from celery_beetle.worker.run import Run
-from celery_beetle.worker.run_state import completed_on_the_loop
+from celery_beetle.worker.run_state import completed_on_the_loop, refused_completion
 from celery_beetle.worker.runnable import is_beetle_task
 from kombu_beetle.envelope import FLAG_REDUNDANT, FLAGS_HEADER
 
@@ -366,7 +366,9 @@ class BeetleRequest(Request):
             self.reject(requeue=True)
             return
         # an early ack (acks_late turned off) comes before the run: it proves nothing
-        if completed_on_the_loop(self.id):
+        if refused_completion(self.id):
+            pass  # its completion was refused after Celery's success: another run has it
+        elif completed_on_the_loop(self.id):
             pass  # the run (solo, gevent, eventlet) stored its completion itself
         elif not self.acknowledged and not self._beetle_not_completed and self.task.acks_late:
             facts = (self.message.headers or {}).get(FACTS_HEADER)

@@ -18,6 +18,9 @@ Rules:
 - A body that succeeds on the gate's claim is completed by the gate, before its ack.
 - The pool completes it here instead after an early ack (``acks_late=False``), on the
   worker's event loop (solo, gevent, eventlet), or when Celery fails a run whose body returned.
+- A run with ``link`` callbacks or a chain's next link stores its completion as the task
+  ends (:func:`~.run_state.owe_completion`), once Celery published them: a kill in between
+  leaves the message to be taken over, never completed with its next link unsent.
 - A claim is retried for a few seconds under the same owner, then the copy is handed back
   (:class:`~.errors.HandBack`).
 - A completion or failure is retried until stored
@@ -124,6 +127,8 @@ class Run:
         #: the calls before the body, retried under this run's owner
         self.calls = RetriedCalls(task, request, self._name())
         self._inbox_marked = False
+        #: the lease keeper of a body that returned, until its owed completion is stored
+        self._keeper: LeaseKeeper | None = None
 
     def execute(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         run_state.left_to_main.pop(self.request.id, None)
@@ -142,15 +147,47 @@ class Run:
         finally:
             run_state.running.run = outer
         metrics.task_runtime(self.facts.scope, self.task.name, time.monotonic() - started)
+        if self.main_completes:
+            if keeper is not None:
+                keeper.stop()
+            run_state.leave_to_main(self)
+        elif self._sends_after_the_body():
+            # Celery sends the callbacks and the chain's next link once this returns: the
+            # completion waits for them (a worker killed between the two would leave a
+            # completed message whose next link nobody sends), on the lease kept meanwhile
+            time_limits.storing_the_outcome()
+            self._keeper = keeper
+            run_state.owe_completion(self)
+        else:
+            if keeper is not None:
+                keeper.stop()
+            if not self._complete(started):
+                raise Ignore()
+            self._completed_here()
+        return result
+
+    def _sends_after_the_body(self) -> bool:
+        """Whether Celery publishes something once the body returned: its ``link``
+        callbacks, or the next link of its chain."""
+        return bool(
+            getattr(self.request, "callbacks", None) or getattr(self.request, "chain", None)
+        )
+
+    def complete_owed(self) -> None:
+        """Store the completion this run owes, now that Celery sent what follows the body
+        (:func:`~.run_state.owe_completion`). Too late to make Celery ignore the run: a
+        completion refused (its lease taken over) tells the ack so where it can."""
+        keeper, self._keeper = self._keeper, None
         if keeper is not None:
             keeper.stop()
-        if self.main_completes:
-            run_state.leave_to_main(self)
-        elif not self._complete(started):
-            raise Ignore()
-        elif self.token and run_state.on_the_event_loop():
+        if self._complete(self.started, limits_held=True):
+            self._completed_here()
+        elif current_process().name == "MainProcess":  # a pool process cannot tell its parent
+            run_state.refused_here.add(self.request.id)
+
+    def _completed_here(self) -> None:
+        if self.token and run_state.on_the_event_loop():
             run_state.completed_here_on_the_loop.add(self.request.id)
-        return result
 
     def _after_exception(self, exc: BaseException, started: float) -> None:
         """Store what the body's exception means; raise a replacement where Celery must see
@@ -314,8 +351,9 @@ class Run:
         )
         self._complete(self.started)
 
-    def _complete(self, started: float) -> bool:
-        time_limits.storing_the_outcome()
+    def _complete(self, started: float, limits_held: bool = False) -> bool:
+        if not limits_held:
+            time_limits.storing_the_outcome()
         fence = call_until_stored(
             lambda _: self.store.complete(self.facts, self.token),
             f"the completion of {self._name()}",

@@ -6,6 +6,11 @@
                                 Celery reports after the body completes them here after all
 ``completed_here_on_the_loop``  runs on the event loop that stored their own completion:
                                 the main process's ack must not store it a second time
+``running.owed``                the run on this thread whose body returned and whose
+                                completion waits until Celery sent its callbacks and the
+                                next link of its chain (:func:`owe_completion`)
+``refused_here``                runs of this process whose owed completion was refused (the
+                                lease taken over): the ack must not call them completed
 ==============================  =============================================================
 
 As a task ends, before its delivery is acked, the ``published`` events of what it sent are
@@ -25,13 +30,25 @@ from kombu_beetle.trace import flush_role
 
 __all__ = [
     "LeftToMain",
+    "OwesCompletion",
     "completed_on_the_loop",
     "leave_to_main",
     "left_to_main",
     "mark_inbox",
     "on_the_event_loop",
+    "owe_completion",
+    "refused_completion",
     "running",
 ]
+
+
+class OwesCompletion(Protocol):
+    """A run whose body returned and that stores its completion after Celery's success
+    (:class:`~.run.Run`)."""
+
+    request: Any
+
+    def complete_owed(self) -> None: ...
 
 
 class LeftToMain(Protocol):
@@ -77,6 +94,42 @@ task_postrun.connect(_publishes_written, weak=False)
 
 #: The run whose body is on this thread now (the threads pool runs several at once).
 running = threading.local()
+
+#: task ids whose owed completion was refused in this process (:func:`refused_completion`)
+refused_here: set[str] = set()
+
+
+def owe_completion(run: OwesCompletion) -> None:
+    """The body of ``run`` returned on this thread: its completion is stored as the task
+    ends, once Celery sent its callbacks and the next link of its chain and stored its
+    result (``task_postrun``), before its delivery is acked. A worker killed in between
+    leaves the message unfinished: another copy takes it over (within ``attempts``) and
+    sends the next link again under the same message id, which runs once."""
+    stale = getattr(running, "owed", None)
+    running.owed = run
+    if stale is not None:  # a task ended without its postrun: never leave one unstored
+        stale.complete_owed()
+
+
+def _owed_completion_stored(**_: Any) -> None:
+    """``task_postrun``: store the completion the run on this thread owes, if any."""
+    run = getattr(running, "owed", None)
+    if run is not None:
+        running.owed = None
+        run.complete_owed()
+
+
+task_postrun.connect(_owed_completion_stored, weak=False)
+
+
+def refused_completion(task_id: str) -> bool:
+    """True (once) if the owed completion of ``task_id``'s run in this process was refused:
+    another run took the message over, so its ack must not tell the gate it completed."""
+    try:
+        refused_here.remove(task_id)
+    except KeyError:
+        return False
+    return True
 
 
 #: task ids whose run on the worker's event loop stored its own completion: the main

@@ -937,6 +937,20 @@ def test_a_solo_plain_task_killed_mid_body_may_run_again_and_only_then():
     assert judged("solo", [(10.5, 99)]) == ["plain_twice"]
 
 
+def test_a_plain_task_may_run_twice_only_where_a_lowered_consumer_timeout_gave_it_back():
+    from celery_beetle.testing.explorer.ledger import Entry, Ledger
+
+    plain = Item(0, "plain")
+    entry = Entry(starts=[(10.0, 99), (16.0, 100)], ends=[(10.5, 99), (16.5, 100)])
+
+    def judged(consumer_timeout_ms: int) -> list[str]:
+        ev = _evidence("k", plain, ledger=Ledger({"k": entry}))
+        return _judged(plain, ev, Settings(consumer_timeout_ms=consumer_timeout_ms))
+
+    assert judged(5_000) == []
+    assert judged(0) == ["plain_twice"]  # the default (30 min) never closes a channel here
+
+
 def test_the_sixth_version_keeps_every_seeds_fifth_version_scenario():
     """Pinned on the draw's fifth version (before the sixth was added): the whole scenario
     but the sixth version's settings and faults stays what it was."""

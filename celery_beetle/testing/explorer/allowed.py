@@ -62,7 +62,8 @@ RULES: dict[str, str] = {
     "plain_twice": 'README: "a plain task: one broker, exactly as on pyamqp" (acked before '
     "it runs: at most once, unless a broker's ack was lost with it, or, under the solo pool, "
     "its worker was SIGKILLed while the body ran: Celery sends the early ack from its event "
-    "loop, which the solo body holds; see limits.md)",
+    "loop, which the solo body holds; or it waited in a busy worker past a lowered "
+    "`consumer_timeout`, which gave it back while the worker kept its request; see limits.md)",
     # the draw's third version
     "retry": 'celery-features.md: "`self.retry()`: a new message, `<task id>:retry-N`, through '
     "beetle's delay queues\" (so each run of a retrying body is a message of its own, judged "
@@ -278,6 +279,14 @@ def plain_may_repeat(broker_faults: int) -> bool:
     held died to its clients, as on pyamqp: Celery acks a plain task before its body, and
     an ack on a connection being closed never reaches the broker."""
     return broker_faults > 0
+
+
+def plain_may_outwait_the_consumer_timeout(consumer_timeout_ms: int) -> bool:
+    """limits.md "Plain tasks are as on pyamqp": a plain task waiting unacked in a busy worker
+    past the broker's ``consumer_timeout`` (lowered by the scenario: the default is 30 min) is
+    given back when the broker closes the channel, and the worker still runs the request it
+    holds."""
+    return consumer_timeout_ms > 0
 
 
 def failover_may_rerun(

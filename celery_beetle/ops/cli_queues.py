@@ -193,7 +193,7 @@ def _print_plans(plans: list[Any]) -> bool:
 @click.option(
     "--force",
     is_flag=True,
-    help="Start although plain or older consumers consume QUEUE (see beetle fleet).",
+    help="Start although plain, older or unidentified consumers consume QUEUE (see beetle fleet).",
 )
 @management_api_options
 @click.option(
@@ -293,9 +293,9 @@ def fleet(
 ) -> None:  # fmt: skip
     """Every consumer of every task queue on every broker: beetle, older beetle or plain.
 
-    Exits 2 while a plain (non-beetle) or older consumer remains, 1 when a broker could not
-    be read, so that a deploy pipeline can wait before it switches publishers to beetle://
-    (a plain worker would run both copies of a redundant message)."""
+    Exits 2 while a plain (non-beetle), older or unidentified consumer remains, 1 when a
+    broker could not be read, so that a deploy pipeline can wait before it switches
+    publishers to beetle:// (a plain worker would run both copies of a redundant message)."""
     from dataclasses import asdict
 
     from celery_beetle.ops.fleet import survey

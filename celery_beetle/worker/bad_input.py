@@ -146,7 +146,7 @@ class BadInputs:
         if wait_s is not None:  # another copy's worker is dead-lettering it
             return self.hand_back(message, key, wait_s)
         # the audit's evidence that its dead letter is stored: without it a message replayed
-        # from the dead letters and found bad again is counted lost (the explorer's seed 5071)
+        # from the dead letters and found bad again is counted lost
         evidence = {"reason": reason.value}
         self.trace.write("dead_lettered", key[1], key[0], message, task_name, evidence)
         ack(message)

@@ -22,8 +22,8 @@ After the body, the outcome (a completion, a failure) is stored from the same po
 retried until Redis takes it. A limit that fell due then would kill the process with a body
 that had run to its end and lose its outcome: under a Redis outage shorter than the lease, a
 hard limit at 90 % of the lease killed completions the store would have taken in time, and
-the next copy found a run started and never completed (the fault explorer's seed 97014,
-a Sentinel failover with ``beetle_redis_wait_replicas``). So the process notes that it waits
+the next copy found a run started and never completed (a Sentinel failover with
+``beetle_redis_wait_replicas``, say). So the process notes that it waits
 on the store again (:func:`storing_the_outcome`), and its limits wait as they do before the
 body, at most one hard limit more. A body can no longer overrun its lease then; a completion
 stored after the lease ran out is refused if another copy took the message over meanwhile.

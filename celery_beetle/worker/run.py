@@ -4,16 +4,10 @@
 It tells Celery what to do with the delivery through Celery's own control-flow exceptions.
 :doc:`/guides/gate-internals` tells a run's path at length.
 
-==================  =======================================================================
-the gate's claim    what the pool does
-==================  =======================================================================
-a reservation       **start** as the body begins (one round trip): the attempt counts and
-                    the full lease begins; a reservation taken over meanwhile hands the
-                    copy back to the gate
-none                **claim** before the body and complete after it (two round trips)
-==================  =======================================================================
-
 Rules:
+
+- The run's lease is taken before the body: the gate's reservation started, or a claim of
+  its own (:class:`~.run_claim.RunClaim`).
 
 - A body that succeeds on the gate's claim is completed by the gate, before its ack.
 - The pool completes it here instead after an early ack (``acks_late=False``), on the
@@ -21,8 +15,6 @@ Rules:
 - A run with ``link`` callbacks or a chain's next link stores its completion as the task
   ends (:func:`~.run_state.owe_completion`), once Celery published them: a kill in between
   leaves the message to be taken over, never completed with its next link unsent.
-- A claim is retried for a few seconds under the same owner, then the copy is handed back
-  (:class:`~.errors.HandBack`).
 - A completion or failure is retried until stored
   (:func:`~celery_beetle.store.health.call_until_stored`), at least every
   :data:`OUTCOME_RETRY_MAX_S`; under prefork the job's time limits wait for it
@@ -39,18 +31,19 @@ import os
 import secrets
 import socket
 import time
-from typing import Any
+from dataclasses import replace
+from typing import Any, NoReturn
 
 from billiard.process import current_process
 from celery.exceptions import Ignore, Reject, Retry
 
 from celery_beetle import metrics
 from celery_beetle.store.health import call_until_stored
-from celery_beetle.store.outcome import Claim, ClaimDecision, Failure, GiveUpReason
-from celery_beetle.store.state import MAX_OWNER_LENGTH, Status
+from celery_beetle.store.outcome import Failure, GiveUpReason
+from celery_beetle.store.state import MAX_OWNER_LENGTH
 from celery_beetle.worker import run_state, time_limits
 from celery_beetle.worker.deadletter import OwedDeadLetter
-from celery_beetle.worker.errors import AttemptsExhausted, DeadLettered, Deferred, Dropped, HandBack
+from celery_beetle.worker.errors import AttemptsExhausted, DeadLettered, HandBack
 from celery_beetle.worker.facts import (
     CLAIM_MARK,
     FACTS_HEADER,
@@ -59,6 +52,7 @@ from celery_beetle.worker.facts import (
 from celery_beetle.worker.lease import LeaseKeeper
 from celery_beetle.worker.retry_queue import RawMessage, publish_delayed, raw_message_from_request
 from celery_beetle.worker.run_calls import RetriedCalls
+from celery_beetle.worker.run_claim import Lease, RunClaim
 from celery_beetle.worker.run_state import completed_on_the_loop, mark_inbox
 from celery_beetle.worker.runnable import (
     RunnableTask,
@@ -110,29 +104,32 @@ class Run:
         self.tracer = get_tracer(self.settings.trace_dir, role="worker")
         host = getattr(request, "hostname", None) or socket.gethostname()
         self.worker = f"{host}:{os.getpid()}"
-        #: this run's own id in the store: a claim retried under it is recognised as ours
-        self.owner = f"{secrets.token_hex(4)}@{self.worker}"[:MAX_OWNER_LENGTH]
         facts_header = getattr(request, FACTS_HEADER, None)
         if not isinstance(facts_header, dict):
             facts_header = {}
         self.broker = facts_header.get("broker")
         #: the gate's claim for this delivery, if it made one
         self.given = GateClaim.from_mark(facts_header.get(CLAIM_MARK))
-        #: the gate stores the completion (the body runs on the gate's lease)
-        self.main_completes = False
-        self.token = 0
-        self.lease_deadline_ms = 0
-        self.attempt = 0
+        #: the lease the body runs on; until it is taken, this run's own id in the store (a
+        #: claim retried under it is recognised as ours)
+        self.lease = Lease(f"{secrets.token_hex(4)}@{self.worker}"[:MAX_OWNER_LENGTH])
         self.started = 0.0
-        #: the calls before the body, retried under this run's owner
+        #: the calls to the store before the body, retried under this run's owner
         self.calls = RetriedCalls(task, request, self._name())
+        self.claim = RunClaim(
+            self.store, self.facts, self.limits, self.calls,
+            name=self._name(),
+            acks_late=bool(getattr(task, "acks_late", True)),
+            trace=self._trace,
+            give_up=self._give_up,
+        )  # fmt: skip
         self._inbox_marked = False
         #: the lease keeper of a body that returned, until its owed completion is stored
         self._keeper: LeaseKeeper | None = None
 
     def execute(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         run_state.left_to_main.pop(self.request.id, None)
-        self._claim_before_the_body()
+        self.lease = self.claim.before_the_body(self.given, self.lease.owner)
         self._trace("started")
         self.started = started = time.monotonic()
         keeper = self._keep_lease()
@@ -147,7 +144,7 @@ class Run:
         finally:
             run_state.running.run = outer
         metrics.task_runtime(self.facts.scope, self.task.name, time.monotonic() - started)
-        if self.main_completes:
+        if self.lease.gate_completes:
             if keeper is not None:
                 keeper.stop()
             run_state.leave_to_main(self)
@@ -186,7 +183,7 @@ class Run:
             run_state.refused_here.add(self.request.id)
 
     def _completed_here(self) -> None:
-        if self.token and run_state.on_the_event_loop():
+        if self.lease.token and run_state.on_the_event_loop():
             run_state.completed_here_on_the_loop.add(self.request.id)
 
     def _after_exception(self, exc: BaseException, started: float) -> None:
@@ -198,7 +195,9 @@ class Run:
             return
         if isinstance(exc, Reject):
             if exc.requeue:
-                call_until_stored(lambda _: self.store.release(self.facts, self.token), "a release")
+                call_until_stored(
+                    lambda _: self.store.release(self.facts, self.lease.token), "a release"
+                )
             else:
                 self._complete(started)
             return
@@ -216,95 +215,15 @@ class Run:
         if current_process().name != "MainProcess":
             return None
         keeper = LeaseKeeper(
-            self.store, self.facts, self.token, self.limits.lease_timeout_ms,
-            lease_deadline_ms=self.lease_deadline_ms,
+            self.store, self.facts, self.lease.token, self.limits.lease_timeout_ms,
+            lease_deadline_ms=self.lease.deadline_ms,
         )  # fmt: skip
         keeper.start()
         return keeper
 
-    def _claim_before_the_body(self) -> None:
-        """The claim or start, after which the body's time limits count: under prefork from
-        the sending of the call that set the lease, never from the moment this process took
-        the job (:mod:`~celery_beetle.worker.time_limits`). Without a body, Celery's stand."""
-        waiting = time.monotonic()
-        time_limits.waiting_on_the_store(waiting)
-        counts_from = waiting
-        try:
-            self._claim()
-            if current_process().name == "MainProcess":
-                return  # solo, threads, gevent: no time limits, a lease keeper
-            counts_from, deadline_ms = time_limits.lease_for_the_body(
-                self.store, self.facts, self.token, self.limits, self.calls.sent, self._name()
-            )
-            self.lease_deadline_ms = deadline_ms or self.lease_deadline_ms
-        finally:
-            time_limits.limits_count_from(counts_from)
-
-    def _claim(self) -> None:
-        given = self.given
-        if given is not None:
-            self.owner = given.owner
-            if given.dead_letter:
-                self._give_up(given.dead_letter, given.attempt, given.exceptions)
-            self._start(given)
-            return
-        claim = self._send_claim()
-        outcome = claim.outcome
-        metrics.pool_claim(outcome.value)
-        if outcome is Claim.ACQUIRED:
-            if claim.taken_over:
-                metrics.lease_taken_over()
-            self.token, self.attempt = claim.token, claim.attempt
-            self.lease_deadline_ms = claim.lease_deadline_ms
-            return
-        if outcome is Claim.ALREADY_DONE:
-            self._trace("duplicate", status=claim.status.value if claim.status else None)
-            raise Dropped("duplicate")
-        if outcome is Claim.EXPIRED:
-            self._trace("expired")
-            raise Dropped("expired")
-        if outcome in (Claim.LOCKED, Claim.DELAYED):
-            # another worker claimed it since the gate looked: hand the copy back, the gate
-            # defers it until that lease ends or the retry is due
-            raise Deferred(f"{outcome.value} for {claim.delay_ms} ms")
-        # DEAD_LETTER: it will not run; this run publishes its dead letter
-        reason = claim.reason or GiveUpReason.ATTEMPTS_LIMIT.value
-        self._give_up(reason, claim.attempt, claim.exceptions)
-
-    def _start(self, given: GateClaim) -> None:
-        """The body begins on the gate's reservation: one round trip counts the attempt and
-        starts the full lease (``start.lua``), so an attempt is a body that began and a
-        delivery that only waited in the pool's queue uses none. A reservation another copy
-        took over meanwhile (it ran out: this worker's event loop stood still, or Redis was
-        away) is not ours: the copy goes back to the gate, which drops it once the message
-        is done."""
-        fence = self.calls(
-            lambda: self.store.start(self.facts, given.token, self.limits), "start", self.owner
-        )
-        if fence.ok:
-            self.token, self.attempt = given.token, fence.attempt or given.attempt
-            self.lease_deadline_ms = fence.lease_deadline_ms
-            # the gate stores the completion before its ack; an early ack (acks_late off)
-            # proves nothing, so such a run completes here
-            self.main_completes = bool(getattr(self.task, "acks_late", True)) and not (
-                run_state.on_the_event_loop()
-            )
-            return
-        metrics.pool_claim(Claim.LOCKED.value)
-        if fence.status is Status.COMPLETED:
-            self._trace("duplicate", status=fence.status.value)
-            raise Dropped("duplicate")
-        logger.warning(
-            "beetle: %s: the gate's reservation was taken over before the body began "
-            "(stored status %s); handing the copy back",
-            self._name(),
-            fence.status.value if fence.status else None,
-        )
-        raise Deferred("reservation taken over before the body began")
-
-    def _give_up(self, reason: str, attempt: int, exceptions: int | None) -> None:
+    def _give_up(self, reason: str, attempt: int, exceptions: int | None) -> NoReturn:
         """The message will not run: publish the dead letter this run owes, then raise."""
-        self.attempt = attempt
+        self.lease = replace(self.lease, attempt=attempt)
         given_up: DeadLettered
         if reason == GiveUpReason.ATTEMPTS_LIMIT.value:
             given_up = AttemptsExhausted(
@@ -316,18 +235,14 @@ class Run:
         self._dead_letter(reason, given_up, attempt, exceptions)
         raise given_up
 
-    def _send_claim(self) -> ClaimDecision:
-        """The claim (a start at once: no gate claim), retried under this run's owner."""
-        return self.calls(
-            lambda: self.store.claim(self.facts, self.limits, self.owner), "claim", self.owner
-        )
-
     def mark_inbox(self) -> bool:
         if self._inbox_marked:
             return True
         try:
             fence = self.calls(
-                lambda: self.store.mark_inbox(self.facts, self.token), "inbox mark", self.owner
+                lambda: self.store.mark_inbox(self.facts, self.lease.token),
+                "inbox mark",
+                self.lease.owner,
             )
         except HandBack as exc:
             logger.warning(
@@ -355,7 +270,7 @@ class Run:
         if not limits_held:
             time_limits.storing_the_outcome()
         fence = call_until_stored(
-            lambda _: self.store.complete(self.facts, self.token),
+            lambda _: self.store.complete(self.facts, self.lease.token),
             f"the completion of {self._name()}",
             max_wait_s=OUTCOME_RETRY_MAX_S,
         )
@@ -369,7 +284,7 @@ class Run:
             self._name(),
             fence.status.value if fence.status else None,
             fence.token,
-            self.token,
+            self.lease.token,
         )
         return False
 
@@ -378,7 +293,9 @@ class Run:
         retryable = self.settings.is_retryable(exc)
         time_limits.storing_the_outcome()
         decision = call_until_stored(
-            lambda _: self.store.fail(self.facts, self.token, self.limits, retryable, self.owner),
+            lambda _: self.store.fail(
+                self.facts, self.lease.token, self.limits, retryable, self.lease.owner
+            ),
             f"the failure of {self._name()}",
             max_wait_s=OUTCOME_RETRY_MAX_S,
         )
@@ -441,6 +358,6 @@ class Run:
             task_id=self.request.id,
             broker=self.broker,
             worker=getattr(self.request, "hostname", None),
-            attempt=self.attempt or None,
+            attempt=self.lease.attempt or None,
             detail=detail or None,
         )

@@ -162,6 +162,6 @@ def mark_inbox(request: Any) -> bool:
     (:data:`~celery_beetle.store.outcome.INBOX_EXTRA_STARTS`). True if stored; a store that does
     not answer within a few seconds costs only that allowance (logged), never the body."""
     run = getattr(running, "run", None)
-    if run is None or run.request.id != getattr(request, "id", None) or not run.token:
+    if run is None or run.request.id != getattr(request, "id", None) or not run.lease.token:
         return False
     return run.mark_inbox()

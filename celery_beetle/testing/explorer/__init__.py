@@ -9,5 +9,6 @@ servers, judged by the audit and an effect ledger; every failure replayable from
   :mod:`.relay`: the outbox relay;
 - :mod:`.allowed`: what each setting allows (the one table, from the README);
 - :mod:`.checker`: the verdict; :mod:`.shrink`: a smaller failing scenario and its test;
-- :mod:`.cli`: ``scripts/explore``.
+- :mod:`.cli`: ``scripts/explore``; :mod:`.coverage`: the newer kinds a soak draws, and
+  the balanced soak's choice of seeds; :mod:`.report`: the soak's page.
 """

@@ -10,6 +10,15 @@ runs at most) and the smallest scenario written under ``tests/explorer/`` as a t
 runs' directory, or ``--report PATH``; rewritten after every scenario): charts of the
 scenarios over time, the faults per kind and the messages judged, and every failure with
 its replay command and its first violating message's story (:mod:`.report`).
+
+``--soak`` and ``--seeds N`` balance the seeds they run (:mod:`.coverage`): every other
+scenario is the next seed in order, as an unbiased sample. The ones between are the lowest
+seeds ahead that draw the newer kind (a fault, setting or workload of the later versions)
+drawn fewest times so far, so that a rare kind such as ``replica_lag`` is drawn often in an
+hour, not once or twice. A seed is still the same scenario and still replays with ``--seed
+S``; ``--in-order`` runs the seeds one after another, as before. The table and the page say
+how many times each newer kind was drawn.
+
 Exit status 1 when any scenario failed.
 """
 
@@ -24,10 +33,12 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
+from itertools import count, islice
 from pathlib import Path
 from typing import Any
 
 from celery_beetle.testing.explorer import checker
+from celery_beetle.testing.explorer.coverage import BalancedSeeds, marks, tally
 from celery_beetle.testing.explorer.runner import Cluster, Outcome, run_scenario
 from celery_beetle.testing.explorer.scenario import Scenario, draw
 
@@ -45,6 +56,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--first", type=int, default=None, help="the first of --seeds/--soak")
     p.add_argument("--minutes", type=float, default=0.0, help="stop starting after M minutes")
     p.add_argument("--soak", action="store_true", help="new seeds until stopped or --minutes")
+    p.add_argument(
+        "--in-order", action="store_true", help="--seeds/--soak: seeds in order, unbalanced"
+    )
     p.add_argument("--shrink", type=int, default=3, help="runs to shrink a failure (0: off)")
     p.add_argument("--tests-dir", default="tests/explorer", help="where regression tests go")
     p.add_argument("--keep", action="store_true", help="keep every run's files")
@@ -61,11 +75,13 @@ def _seeds(args: argparse.Namespace) -> Iterator[int]:
         yield from args.seed
         return
     first = args.first if args.first is not None else random.randrange(1, 10**6)
-    print(f"seeds from {first}", flush=True)
-    n = 0
-    while args.soak or n < (args.seeds or 1):
-        yield first + n
-        n += 1
+    limit = None if args.soak else (args.seeds or 1)
+    if args.in_order:
+        print(f"seeds from {first}, in order", flush=True)
+        yield from islice(count(first), limit)
+        return
+    print(f"seeds from {first}, balanced over the newer kinds (--in-order: off)", flush=True)
+    yield from islice(BalancedSeeds(first), limit)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,6 +166,7 @@ class _Report:
                 replay=replay_command(outcome.scenario.seed) if outcome.failed else "",
                 regression_test=regression_test,
                 describe=outcome.scenario.describe(),
+                marks=tuple(sorted(marks(outcome.scenario))),
             )
         )
         try:
@@ -212,6 +229,8 @@ def _summary(
     totals.add_row("failing scenarios", str(len(failing)))
     for kind, n in sorted(faults.items()):
         totals.add_row(f"fault: {kind}", str(n))
+    for mark, n in tally(o.scenario for o in outcomes).items():
+        totals.add_row(f"drew: {mark}", str(n))
     console.print(totals)
     if failing:
         table = Table(title="failing seeds")

@@ -4,7 +4,8 @@
 every scenario, so a soak still running can be looked at. The page holds three charts (PNG,
 embedded: the file travels alone) and the failures: the scenarios over time, each a dot at
 the minute it ended (green passed, red failed); the faults injected per kind; the messages
-judged, summed over time. Each failing seed comes with its replay command, its regression
+judged, summed over time. A table counts the scenarios that drew each newer kind (the
+marks of :mod:`.coverage`). Each failing seed comes with its replay command, its regression
 test when one was written, the rules it broke and the story of its first violating
 message: what the checker knows of it, then its trace, ledger and log lines in time order.
 """
@@ -20,6 +21,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from celery_beetle.testing.explorer.coverage import MARKS
 
 __all__ = ["Row", "write_report"]
 
@@ -42,6 +45,8 @@ class Row:
     replay: str = ""
     regression_test: str = ""
     describe: str = ""
+    #: the newer kinds its scenario drew (:func:`.coverage.marks`)
+    marks: tuple[str, ...] = ()
 
     @property
     def failed(self) -> bool:
@@ -91,6 +96,7 @@ def _page(rows: Sequence[Row], started_at: float) -> str:
             _img(_faults_chart(faults), "faults per kind"),
             _img(_messages_chart(rows, started_at), "messages judged"),
             "</div>",
+            _drawn(rows),
             _failures(failing),
             "</body></html>",
         ]
@@ -99,6 +105,12 @@ def _page(rows: Sequence[Row], started_at: float) -> str:
 
 def _passed(n: int) -> str:
     return "the scenario passed" if n == 1 else f"all {n} scenarios passed"
+
+
+def _drawn(rows: Sequence[Row]) -> str:
+    counts = Counter(m for r in rows for m in r.marks)
+    body = [[mark, str(counts[mark])] for mark in MARKS]
+    return "<h2>Newer kinds drawn</h2>" + _table(["kind", "scenarios"], body)
 
 
 def _failures(failing: Sequence[Row]) -> str:

@@ -226,7 +226,11 @@ def test_a_completion_redis_does_not_take_holds_the_time_limits_back_until_store
     run = run_module.Run.__new__(run_module.Run)
     run.store = store = _DownStore(slot=4)
     run.facts = MessageFacts("celery", "m-1", 2_000_000_000_000)
-    run.lease, run.task, run.request = Lease("run-1", 7), SimpleNamespace(name="t"), SimpleNamespace(id="m-1")
+    run.lease, run.task, run.request = (
+        Lease("run-1", 7),
+        SimpleNamespace(name="t"),
+        SimpleNamespace(id="m-1"),
+    )
     run._trace = lambda *args, **kwargs: None
     assert run._complete(accepted)
     assert len(store.tries) == 3

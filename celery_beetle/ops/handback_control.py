@@ -126,7 +126,9 @@ class HandBackControl:
             if request in worker_state.reserved_requests or request in worker_state.active_requests:
                 continue
             _cancel(c.timer, entry)
-            worker_state.scheduled_requests.discard(request)
+            scheduled = getattr(worker_state, "scheduled_requests", None)  # not before Celery 5.5
+            if scheduled is not None:
+                scheduled.discard(request)
             if worker_state.requests.get(request.id) is request:
                 worker_state.requests.pop(request.id, None)
             c.qos.decrement_eventually()

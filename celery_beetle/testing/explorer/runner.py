@@ -75,9 +75,9 @@ def _inspect(run: Run) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
     for n, node in enumerate(run.nodes):
         if n in run.destroyed:
             continue  # gone for good, with what it held
-        for queue, (ready, unacked) in node.queue_depths(run.vhost).items():
-            if not ready + unacked:
-                continue
+        # a quorum queue's counts are as of its last tick: every queue is drained (basic_get
+        # is exact), and an unacked count is believed only once a tick has passed
+        for queue, (_ready, unacked) in node.queue_depths(run.vhost).items():
             where = f"{node.host_port}/{queue}"
             for _method, props, _body in node.get_messages(run.vhost, queue):
                 headers = props.headers or {}
@@ -86,9 +86,31 @@ def _inspect(run: Run) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
                     dead.setdefault(key, set()).add(dead_reason(headers))
                 else:
                     left.setdefault(where, []).append(key)
-            if unacked and not queue.endswith(".dead"):
+            if queue.endswith(".dead") or not unacked:
+                continue
+            unacked = _still_unacked(node, run.vhost, queue)
+            if unacked:
                 left.setdefault(where, []).append(f"{unacked} unacked")
     return dead, left
+
+
+#: RabbitMQ counts a quorum queue's messages on its tick (``quorum_tick_interval``, 5 s)
+QUORUM_TICK_S = 5.0
+
+
+def _still_unacked(node: Any, vhost: str, queue: str) -> int:
+    """How many deliveries of ``queue`` a live connection still holds.
+
+    ``rabbitmqctl list_queues`` reports a quorum queue's counts as of its last tick. A
+    delivery the stopped workers held shows unacked for up to a tick after their connections
+    closed, though the broker has it ready again. Looked at again until a tick has passed.
+    """
+    deadline = time.monotonic() + QUORUM_TICK_S + 1
+    unacked = node.queue_depths(vhost).get(queue, (0, 0))[1]
+    while unacked and time.monotonic() < deadline:
+        time.sleep(0.5)
+        unacked = node.queue_depths(vhost).get(queue, (0, 0))[1]
+    return int(unacked)
 
 
 def _missing_queues(run: Run) -> dict[str, list[str]]:

@@ -126,7 +126,7 @@ class HandBackControl:
             if request in worker_state.reserved_requests or request in worker_state.active_requests:
                 continue
             _cancel(c.timer, entry)
-            scheduled = getattr(worker_state, "scheduled_requests", None)  # not before Celery 5.5
+            scheduled = getattr(worker_state, "scheduled_requests", None)  # Celery 5.3 has none
             if scheduled is not None:
                 scheduled.discard(request)
             if worker_state.requests.get(request.id) is request:

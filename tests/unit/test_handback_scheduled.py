@@ -47,7 +47,7 @@ class QoS:
         self.decrements += 1
 
 
-@pytest.mark.parametrize("tracked", [True, False], ids=["celery-5.5+", "celery-5.3"])
+@pytest.mark.parametrize("tracked", [True, False], ids=["celery-newer", "celery-5.3"])
 def test_a_countdown_request_of_a_handed_back_queue_is_requeued(
     monkeypatch: pytest.MonkeyPatch, tracked: bool
 ) -> None:

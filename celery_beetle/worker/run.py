@@ -21,6 +21,8 @@ Rules:
   (:func:`~.time_limits.storing_the_outcome`): a Redis outage shorter than the lease loses
   no outcome of a body that ended.
 - A dead letter that cannot be published hands the copy back; the record keeps it owed.
+- With ``acks_late`` off Celery acks the copy as the pool takes it, so a claim the store
+  refused or deferred cannot hand it back: the run publishes the message again instead.
 - Where the pool cannot cut a body short, a :class:`~.lease.LeaseKeeper` extends its lease.
 """
 
@@ -43,7 +45,13 @@ from celery_beetle.store.outcome import Failure, GiveUpReason
 from celery_beetle.store.state import MAX_OWNER_LENGTH
 from celery_beetle.worker import run_state, time_limits
 from celery_beetle.worker.deadletter import OwedDeadLetter
-from celery_beetle.worker.errors import AttemptsExhausted, DeadLettered, HandBack
+from celery_beetle.worker.errors import (
+    AttemptsExhausted,
+    DeadLettered,
+    Deferred,
+    Dropped,
+    HandBack,
+)
 from celery_beetle.worker.facts import (
     CLAIM_MARK,
     FACTS_HEADER,
@@ -60,6 +68,7 @@ from celery_beetle.worker.runnable import (
     process_store,
     request_facts,
 )
+from celery_beetle.worker.send_back import send_back
 from kombu_beetle.trace import get_tracer
 
 __all__ = [
@@ -129,7 +138,13 @@ class Run:
 
     def execute(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         run_state.left_to_main.pop(self.request.id, None)
-        self.lease = self.claim.before_the_body(self.given, self.lease.owner)
+        try:
+            self.lease = self.claim.before_the_body(self.given, self.lease.owner)
+        except (HandBack, Deferred) as exc:
+            if self.claim.acks_late:
+                raise  # the copy is unacked: the gate requeues or defers it
+            self._send_back(exc)
+            raise Dropped("sent back") from exc
         self._trace("started")
         self.started = started = time.monotonic()
         keeper = self._keep_lease()
@@ -220,6 +235,9 @@ class Run:
         )  # fmt: skip
         keeper.start()
         return keeper
+
+    def _send_back(self, exc: HandBack | Deferred) -> None:
+        send_back(self.task.app, self._raw_message(), self.facts, self._name(), exc)
 
     def _give_up(self, reason: str, attempt: int, exceptions: int | None) -> NoReturn:
         """The message will not run: publish the dead letter this run owes, then raise."""

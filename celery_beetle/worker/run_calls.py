@@ -3,7 +3,7 @@
 A call retried under the same owner after a lost reply gets this run's lease back, not a
 second attempt.
 The retries last :data:`CLAIM_RETRY_S`, but under prefork at most a tenth of the soft time
-limit (:func:`retry_window`).
+limit (:func:`retry_window`), unless Celery acked the copy early (``acks_late`` off).
 Back in the gate, a handed-back delivery waits for Redis without holding a pool slot.
 The wait is not taken from the body's time limits, which count from the stored start
 (:mod:`.time_limits`).
@@ -35,6 +35,11 @@ def retry_window(task: Any, request: Any) -> float:
     """How long the pool retries the store before handing the delivery back."""
     if current_process().name == "MainProcess":
         return CLAIM_RETRY_S  # solo, threads, gevent: no time limits, a lease keeper
+    if not getattr(task, "acks_late", True):
+        # Celery acked the copy as the pool took it: a claim whose reply was lost is found
+        # again by a retry under the same owner, where a copy sent back would wait out
+        # the lease and count a second attempt
+        return CLAIM_RETRY_S
     timelimit = getattr(request, "timelimit", None) or (None, None)
     limits = [getattr(task, "soft_time_limit", None), timelimit[1]]
     soft = min((float(limit) for limit in limits if limit), default=0.0)

@@ -150,3 +150,33 @@ def test_a_start_the_store_refuses_hands_the_copy_back_and_it_runs_once_later(
         timeout=20,
     ), records()
     assert all(s.attempts == 1 for s in records().values()), records()  # type: ignore[attr-defined]
+
+
+def test_early_acked_countdowns_coming_due_while_redis_refuses_writes_each_run_once(
+    brokers, client, eo_worker, redis_own, redis_url
+):
+    """With ``acks_late`` off, Celery acks each copy as a pool process takes it, so a claim
+    Redis refuses cannot hand the copy back: the run publishes the message again. Countdown
+    tasks coming due on one worker during the refusal (both copies of each go through the
+    pool: the gate claims no ETA task) were lost before; each runs once now."""
+    options = {"timeout": 6, "attempts": 1, "exceptions": 0, "acks_late": False}
+    backend = _backend(redis_url)
+    worker = eo_worker(
+        redis=redis_own.url, pool="prefork", concurrency=2, task_options=options,
+        backend=backend,
+    )  # fmt: skip
+    app = client(task_options=options, backend=backend)
+    results = [app.tasks["eo.record"].apply_async((item,), countdown=2) for item in range(4)]
+    time.sleep(1)  # received: waiting in Celery's timer
+    with refusing_writes(redis_own):
+        time.sleep(6)  # they come due meanwhile, and every claim is refused
+
+    def why() -> str:
+        return f"done {counts([worker])}, states {_states(results)}\n{worker.log_text()[-3000:]}"
+
+    assert wait_until(lambda: len(counts([worker], "done")) == 4, timeout=60), why()
+    time.sleep(3)  # a second run would start by now
+    assert counts([worker], "start") == dict.fromkeys(range(4), 1), why()
+    assert "sent back to its queue" in worker.log_text(), why()
+    assert "AttemptsExhausted" not in worker.log_text(), why()
+    assert wait_until(lambda: celery_queue_empty(brokers), timeout=20), why()

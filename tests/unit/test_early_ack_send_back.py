@@ -24,6 +24,8 @@ from celery_beetle.task import BeetleTask
 from celery_beetle.worker import run as run_module
 from celery_beetle.worker import run_calls, send_back
 from celery_beetle.worker.errors import Dropped, HandBack
+from celery_beetle.worker.send_back import SENT_BACK_HEADER
+from kombu_beetle.envelope import FLAG_REDUNDANT, FLAGS_HEADER
 
 
 class _RefusingStore(FakeStore):
@@ -63,7 +65,7 @@ def app() -> Celery:
     return app
 
 
-def _run(app: Celery, name: str, store: FakeStore, monkeypatch) -> Any:
+def _run(app: Celery, name: str, store: FakeStore, monkeypatch, **headers: Any) -> Any:
     monkeypatch.setattr(run_module, "process_store", lambda settings: store)
     task = app.tasks[name]
     trace = build_tracer(task.name, task, eager=False, propagate=False, app=app)
@@ -71,7 +73,7 @@ def _run(app: Celery, name: str, store: FakeStore, monkeypatch) -> Any:
     request = {
         "id": "task-1",
         "delivery_info": delivery,
-        "properties": {"message_id": "m-1"},
+        "properties": {"message_id": "m-1", "application_headers": headers},
         "hostname": "w@test",
     }
     return trace("task-1", (), {}, request)
@@ -88,6 +90,15 @@ def test_an_early_acked_copy_whose_claim_redis_refused_is_published_again(app, s
     assert isinstance(_raised(result), Dropped)  # acked without a result: not a run
     assert [(s.queue, s.delay_ms) for s in sent] == [("celery", 2000)]
     assert sent[0].raw.properties["message_id"] == "m-1"  # the same record in the store
+
+
+def test_a_copy_sent_back_again_waits_twice_as_long_and_stays_one_copy(app, sent, monkeypatch):
+    headers = {FLAGS_HEADER: FLAG_REDUNDANT, SENT_BACK_HEADER: 1, "task": "t.early", "id": "t-1"}
+    _run(app, "t.early", _RefusingStore(), monkeypatch, **headers)
+    assert [s.delay_ms for s in sent] == [4000]
+    sent_headers = sent[0].raw.headers
+    assert sent_headers[SENT_BACK_HEADER] == 2
+    assert not sent_headers[FLAGS_HEADER] & FLAG_REDUNDANT  # one copy back for the one taken
 
 
 def test_an_early_acked_copy_another_run_holds_is_published_again(app, sent, monkeypatch):

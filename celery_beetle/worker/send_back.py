@@ -59,7 +59,9 @@ def send_back(
             pub_exc,
         )
         raise exc from pub_exc
-    logger.warning(
+    # a deferral is expected (a twin running elsewhere): said at DEBUG, as the gate does
+    log = logger.warning if isinstance(exc, HandBack) else logger.debug
+    log(
         "beetle: %s was acked as it was taken (acks_late off) and could not be claimed (%s); "
         "sent back to its queue in %.1f s",
         name,

@@ -7,6 +7,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from celery_beetle.audit.naive import Verdict
 from celery_beetle.testing.explorer import allowed, checker
 from celery_beetle.testing.explorer.allowed import GIVE_UP
@@ -1130,3 +1132,21 @@ def test_a_flaky_body_a_failover_ran_again_may_complete_though_its_first_run_fai
     assert rules([(10.5, 0.0, False)]) == []  # its failure was acknowledged unreplicated
     assert "outcome" in rules([(10.5, 0.0, True)])  # wait_replicas: the failure stands
     assert "outcome" in rules([])
+
+
+def test_the_default_previous_release_is_never_older_than_the_floor(monkeypatch):
+    from celery_beetle.testing.explorer import previous
+
+    monkeypatch.delenv(previous.ENV, raising=False)
+    try:
+        floor = previous.commit_of(previous.FLOOR)[1]
+    except Exception:
+        pytest.skip("the floor is not in this history (a shallow clone)")
+    monkeypatch.setattr(previous, "DEFAULT_REF", f"{previous.FLOOR}~1")
+    assert previous.commit_of(None) == (previous.FLOOR[:7], floor)
+    monkeypatch.setattr(previous, "DEFAULT_REF", "HEAD")
+    head = previous.commit_of("HEAD")[1]
+    assert previous.commit_of(None) == ("HEAD", head)
+    # a release named is taken as it is, older than the floor or not
+    older = previous.commit_of(f"{previous.FLOOR}~1")[1]
+    assert previous.commit_of(f"{previous.FLOOR}~1") == (f"{previous.FLOOR}~1", older)

@@ -3,12 +3,12 @@
 A rolling deploy runs workers of two releases side by side on one queue and one dedup
 store, then replaces the old ones. The project has no release tags, so "the previous
 release" is a commit: ``BEETLE_EXPLORE_PREVIOUS`` (``scripts/explore --previous REF``),
-``HEAD~20`` by default. Its ``celery_beetle`` and ``kombu_beetle`` are extracted once per
-batch (``git archive``, no worktree of the repository's own) under the batch's directory,
-with the current explorer's task module laid over them (the tasks are the harness, not the
-release); a worker slot then runs with that directory first on ``PYTHONPATH``. When the
-commit cannot be read or its code cannot load the tasks, the scenario runs every slot on
-the current code and says why in its notes.
+``HEAD~20`` by default, never older than :data:`FLOOR`. Its ``celery_beetle`` and
+``kombu_beetle`` are extracted once per batch (``git archive``, no worktree of the
+repository's own) under the batch's directory, with the current explorer's task module
+laid over them (the tasks are the harness, not the release); a worker slot then runs with
+that directory first on ``PYTHONPATH``. When the commit cannot be read or its code cannot
+load the tasks, the scenario runs every slot on the current code and says why in its notes.
 """
 
 from __future__ import annotations
@@ -19,9 +19,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["DEFAULT_REF", "ENV", "checkout"]
+__all__ = ["DEFAULT_REF", "ENV", "FLOOR", "checkout", "commit_of"]
 
 DEFAULT_REF = "HEAD~20"
+#: the oldest commit the default previous release may be. Older code loses messages by a
+#: defect fixed since, not by the rolling deploy: with ``acks_late`` off its pool dropped a
+#: copy it could not claim after Celery's early ack, so a twin the gate released as the
+#: first copy was acked went, and the message with it when that run was cut short.
+#: A ``REF`` given by name is taken as it is.
+FLOOR = "844aede8a9ac6c80d6d0e85229372e5c7720fc93"
 ENV = "BEETLE_EXPLORE_PREVIOUS"
 ROOT = Path(__file__).resolve().parents[3]
 #: the packages a release is made of
@@ -31,10 +37,11 @@ PACKAGES = ("celery_beetle", "kombu_beetle")
 def checkout(base: Path, ref: str | None = None) -> tuple[Path | None, str]:
     """The previous release under ``base`` and a line saying which commit it is; ``None``
     and the reason when it cannot be had."""
-    ref = ref or os.environ.get(ENV) or DEFAULT_REF
+    given = ref or os.environ.get(ENV)
     try:
-        sha = _git("rev-parse", "--verify", f"{ref}^{{commit}}").strip()
+        ref, sha = commit_of(given)
     except (OSError, subprocess.SubprocessError) as exc:
+        ref = given or DEFAULT_REF
         return None, f"previous release {ref!r} skipped: not a commit here ({_why(exc)})"
     target = base / f"previous-{sha[:10]}"
     if not (target / "celery_beetle").is_dir():
@@ -64,6 +71,32 @@ def checkout(base: Path, ref: str | None = None) -> tuple[Path | None, str]:
         last = (probe.stderr.strip().splitlines() or ["?"])[-1]
         return None, f"previous release {ref} ({sha[:10]}) skipped: its code does not load ({last})"
     return target, f"previous release {ref} ({sha[:10]})"
+
+
+def commit_of(ref: str | None) -> tuple[str, str]:
+    """The previous release's name and commit: ``ref``, or by default ``HEAD~20`` raised to
+    :data:`FLOOR` when older (a history without the floor keeps ``HEAD~20``)."""
+    if ref:
+        return ref, _commit(ref)
+    sha = _commit(DEFAULT_REF)
+    try:
+        floor = _commit(FLOOR)
+        older = sha != floor and _is_ancestor(sha, floor)
+    except (OSError, subprocess.SubprocessError):
+        return DEFAULT_REF, sha
+    return (FLOOR[:7], floor) if older else (DEFAULT_REF, sha)
+
+
+def _commit(ref: str) -> str:
+    return _git("rev-parse", "--verify", f"{ref}^{{commit}}").strip()
+
+
+def _is_ancestor(older: str, newer: str) -> bool:
+    found = subprocess.run(
+        ["git", "-C", str(ROOT), "merge-base", "--is-ancestor", older, newer],
+        capture_output=True, timeout=30,
+    )  # fmt: skip
+    return found.returncode == 0
 
 
 def _git(*args: str) -> str:

@@ -1134,6 +1134,27 @@ def test_a_flaky_body_a_failover_ran_again_may_complete_though_its_first_run_fai
     assert "outcome" in rules([])
 
 
+def test_a_completion_a_failover_lost_may_leave_its_message_dead_lettered_attempts_limit():
+    """Seed 111124: the body returned at 24.71 and its completion was acknowledged by the
+    old master in the replica's lag before the kill (about 25.4); the promoted replica kept
+    the start, not the completion, and at ``attempts=1`` the twin copy dead-lettered the
+    message ``attempts_limit``. Allowed without ``wait_replicas``, as a re-run is."""
+    from celery_beetle.testing.explorer.ledger import Entry, Ledger
+
+    item = Item(0, "work", "long")
+    ledger = Ledger({"k": Entry(starts=[(19.7, 5)], ends=[(24.71, 5)])})
+
+    def rules(failovers: list[tuple[float, float, bool]]) -> list[str]:
+        ev = _evidence("k", item, ledger=ledger, failovers=failovers)
+        ev.trace.dead["k"].append("attempts_limit")
+        return [v.rule for v in checker.judge(_scenario(Settings(attempts=1), item), ev)]
+
+    assert rules([(25.4, 1.5, False)]) == []  # its completion was acknowledged unreplicated
+    assert rules([(25.4, 1.5, True)]) == ["success_dead"]  # wait_replicas: never lost
+    assert rules([(24.5, 1.5, False)]) == ["success_dead"]  # it ended after the kill
+    assert rules([(30.0, 1.5, False)]) == ["success_dead"]  # replicated before the lag
+
+
 def test_the_default_previous_release_is_never_older_than_the_floor(monkeypatch):
     from celery_beetle.testing.explorer import previous
 

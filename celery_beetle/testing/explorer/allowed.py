@@ -27,6 +27,7 @@ __all__ = [
     "Expectation",
     "early_ack_twin_lost",
     "expect",
+    "failover_may_lose_completion",
     "failover_may_rerun",
     "max_starts",
     "one_copy_may_be_lost",
@@ -146,9 +147,12 @@ FIFTH_VERSION: dict[str, str] = {
 SIXTH_VERSION: dict[str, str] = {
     "redis_failover": 'limits.md "Redis failover": "Redis replicates asynchronously: after '
     "a Sentinel failover the new master may lack the last claims and completions the old one "
-    'acknowledged, and those messages run again, unless `beetle_redis_wait_replicas` is set" '
-    "(so without it a message whose claim, start or completion the old master may have "
-    "acknowledged unreplicated may start again, up to `attempts` more, and complete twice; "
+    'acknowledged, and those messages run again, unless `beetle_redis_wait_replicas` is set"; '
+    '"Without it, a message whose completion was lost but whose start was kept is '
+    'dead-lettered `attempts_limit` once its attempts are used up" (so without it a message '
+    "whose claim, start or completion the old master may have acknowledged unreplicated may "
+    "start again, up to `attempts` more, and complete twice, and a body that returned in the "
+    "replica's lag before the kill may leave its message dead-lettered `attempts_limit`; "
     "with it nothing runs twice: every rule holds unchanged)",
     "replica_lag": 'exactly-once.md "When Redis is unavailable or fails over": "With '
     "`beetle_redis_wait_replicas = 1` a write that no replica acknowledged within a second "
@@ -300,15 +304,27 @@ def failover_may_rerun(
     replica's lag (``lag_s`` plus :data:`REPLICATION_SLACK_S`) before the kill until the
     kill: a body that ended then (its completion), or began then or within a lease after
     it (its claim, taken before the body, may have been lost with the master)."""
+    if any(failover_may_lose_completion(ts, failovers) for ts in ends):
+        return True
     for killed, lag_s, waited in failovers:
         if waited:
             continue
         since = killed - lag_s - REPLICATION_SLACK_S
-        if any(since <= ts <= killed for ts in ends):
-            return True
         if any(since <= ts <= killed + lease_s for ts in starts):
             return True
     return False
+
+
+def failover_may_lose_completion(ended: float, failovers: list[tuple[float, float, bool]]) -> bool:
+    """SIXTH_VERSION "redis_failover": whether a failover without ``wait_replicas`` may
+    have lost the completion of a body that ended at ``ended``: it ended within the
+    replica's lag (``lag_s`` plus :data:`REPLICATION_SLACK_S`) before the kill. The start
+    the old master had replicated before stays counted, so at ``attempts=1`` the next copy
+    dead-letters the message (``attempts_limit``) as for a run cut short."""
+    return any(
+        not waited and killed - lag_s - REPLICATION_SLACK_S <= ended <= killed
+        for killed, lag_s, waited in failovers
+    )
 
 
 def one_copy_may_be_lost(brokers_destroyed: int) -> bool:

@@ -377,13 +377,16 @@ def _waited_out_its_lease(
 
 
 def _returned(entry: Entry, ev: Evidence, lease_s: float, key: str) -> list[tuple[float, int]]:
-    """The bodies that returned and whose completion nothing excused from being stored."""
+    """The bodies that returned and whose completion nothing excused from being stored: not
+    killed after, not waiting out their lease in an outage, not possibly lost in a failover
+    without ``wait_replicas`` (allowed.SIXTH_VERSION "redis_failover")."""
     stored_starts = ev.trace.started_at.get(key, [])
     return [
         (ts, pid)
         for ts, pid in entry.ends
         if not _killed_after(ts, pid, ev.kills)
         and not _waited_out_its_lease(ts, pid, entry, lease_s, ev.redis_outages, stored_starts)
+        and not allowed.failover_may_lose_completion(ts, ev.failovers)
     ]
 
 

@@ -57,8 +57,10 @@ __all__ = ["ClaimKeeper"]
 
 logger = logging.getLogger(__name__)
 
-#: a completion that could not be stored is tried again after at most this long
-COMPLETION_RETRY_MAX_S = 5.0
+#: a completion that could not be stored is tried again after at most this long: as the pool
+#: does (``run.OUTCOME_RETRY_MAX_S``), so that one waiting out a Redis outage is stored within
+#: half a second of Redis taking writes again, and not lost to its lease ending meanwhile
+COMPLETION_RETRY_MAX_S = 0.5
 
 
 @dataclass(eq=False)

@@ -186,6 +186,29 @@ def test_the_lease_of_a_completion_in_an_outage_counts_from_the_stored_start():
     assert [v.rule for v in checker.judge(_scenario(settings, item), ev)] == ["success_dead"]
 
 
+def test_outages_back_to_back_are_one_wait_for_a_completion():
+    """Seed 112010: a chain link returned at 37.56 (stored start 37.34, lease 6 s) as Redis
+    was cut off until 41.36, then refused writes until 42.66: one outage, which ended less
+    than a second before the lease (43.34). The gate's completion waited past it, and the
+    message ran again. Either fault alone, or the two over half a second apart, does not."""
+    from celery_beetle.testing.explorer.ledger import Entry, Ledger
+
+    item = Item(0, "work", "ok")
+    settings = Settings(timeout_s=6.0, attempts=2)
+    entry = Entry(starts=[(37.34, 99), (43.6, 98)], ends=[(37.56, 99), (43.82, 98)])
+    partition, refusal = (37.5, 41.36), (41.36, 42.66)
+    for outages, rules in (
+        ([partition, refusal], []),
+        ([refusal, partition], []),
+        ([partition], ["ran_again"]),
+        ([partition, (41.96, 42.66)], ["ran_again"]),
+    ):
+        ev = _evidence("k", item, ledger=Ledger({"k": entry}), redis_outages=outages)
+        ev.trace.completed["k"] = 1
+        ev.trace.started_at["k"] = [(37.34, 99), (43.6, 98)]
+        assert [v.rule for v in checker.judge(_scenario(settings, item), ev)] == rules, outages
+
+
 def _inbox_rules(
     committed: float, ended: float, outage: tuple[float, float], kills: list[Any] | None = None
 ) -> list[str]:

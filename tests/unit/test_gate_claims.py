@@ -183,6 +183,25 @@ def test_a_completion_redis_refuses_is_retried_and_the_message_is_not_acked_mean
     assert h.store.peek("jobs", "m1").status is Status.COMPLETED
 
 
+def test_a_completion_waiting_out_a_long_outage_is_tried_again_every_half_second(h):
+    """Seed 112010: Redis cut off, then refusing writes, for 5 s of a 6 s lease; the gate's
+    retries had backed off to 3.2 s, so the completion came after the lease and the message
+    ran again. Once Redis takes writes again, the completion is stored within 0.5 s."""
+    first = Message()
+    h.run_to_success(first)
+    h.calls.failing = RedisConnectionError("connection refused")
+    h.calls.flush()
+    for _ in range(50):  # 5 s of failed tries
+        h.timer.advance(0.1)
+        h.calls.flush()
+    assert first.acks == 0
+    h.calls.failing = None
+    h.timer.advance(0.5)
+    h.calls.flush()
+    assert first.acks == 1
+    assert h.store.peek("jobs", "m1").status is Status.COMPLETED
+
+
 def test_a_shutdown_stores_the_completions_owed_and_acks_each_once(h):
     first = Message()
     h.run_to_success(first)

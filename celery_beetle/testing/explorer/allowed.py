@@ -189,6 +189,10 @@ SIXTH_VERSION: dict[str, str] = {
 #: waited in an outage that ended less than this before its lease did may lose its message.
 OUTAGE_SLACK_S = 1.0
 
+#: exactly-once.md: completions "are retried until stored, at least every half second". So
+#: a completion may not be tried within a shorter pause between two outages: they are one.
+OUTAGE_GAP_S = 0.5
+
 #: the rule :func:`early_ack_twin_lost` applies (SIXTH_VERSION "early_ack_twin")
 EARLY_ACK_TWIN = "early_ack_twin"
 

@@ -361,10 +361,11 @@ def _waited_out_its_lease(
     outages: list[tuple[float, float]],
     stored_starts: Sequence[tuple[float, int]] = (),
 ) -> bool:
-    """A body that returned while Redis could not store its completion, in an outage that
-    outlasted its lease, or ended less than :data:`allowed.OUTAGE_SLACK_S` before it: the
-    completion may lose its message to another run, as the docs say ("keep the lease longer
-    than a failover by a second or more"; the explorer's seeds 5012 and 97014).
+    """A body that returned while Redis could not store its completion, in an outage (faults
+    back to back are one: :func:`_joined`) that outlasted its lease, or ended less than
+    :data:`allowed.OUTAGE_SLACK_S` before it: the completion may lose its message to another
+    run, as the docs say ("keep the lease longer than a failover by a second or more"; the
+    explorer's seeds 5012, 97014 and 112010).
 
     The lease counts from the stored start: the run's traced ``started`` event in that
     process (``stored_starts``), written once the start was stored, else its body's first
@@ -373,7 +374,20 @@ def _waited_out_its_lease(
     if began is None:
         began = max((ts for ts, p in entry.starts if p == pid and ts <= end_ts), default=end_ts)
     slack = allowed.OUTAGE_SLACK_S
-    return any(s - 1.0 <= end_ts <= e and e + slack > began + lease_s for s, e in outages)
+    return any(s - 1.0 <= end_ts <= e and e + slack > began + lease_s for s, e in _joined(outages))
+
+
+def _joined(outages: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The ``outages`` as a waiting completion sees them: one that began less than
+    :data:`allowed.OUTAGE_GAP_S` after another ended continues it (a partition followed at
+    once by refused writes is one wait, as long as both together)."""
+    joined: list[tuple[float, float]] = []
+    for began, ended in sorted(outages):
+        if joined and began < joined[-1][1] + allowed.OUTAGE_GAP_S:
+            joined[-1] = (joined[-1][0], max(joined[-1][1], ended))
+        else:
+            joined.append((began, ended))
+    return joined
 
 
 def _returned(entry: Entry, ev: Evidence, lease_s: float, key: str) -> list[tuple[float, int]]:

@@ -15,6 +15,11 @@ complete     a run that succeeded on the gate's claim is completed here; its cop
              acked only once the completion is stored, retried until it is
 ===========  ===========================================================================
 
+A completion refused because another run took the message over acks its copy.
+One refused because the store has no record of the message at all (a Redis failover lost
+the claim) sends its copy back to its queue instead: no run holds the message, and its twin
+may be gone with its broker, so the body runs again rather than the message being lost.
+
 A completion not stored yet is *owed* until it is.
 A warm shutdown stores what is owed itself, for a bounded time (:meth:`ClaimKeeper.store_owed`),
 because the event loop that retries it stops with the worker.
@@ -72,6 +77,8 @@ class _Completion:
     facts: MessageFacts
     claim: GateClaim
     ack: Callable[[], None]
+    #: sends the copy back to its queue unacked, and the run has ended (None: ack it)
+    requeue: Callable[[], None] | None = None
 
 
 class ClaimKeeper:
@@ -181,9 +188,17 @@ class ClaimKeeper:
 
     # -- completions -------------------------------------------------------------------------
 
-    def complete_before_ack(self, message: Any, ack: Callable[[], None]) -> bool:
+    def complete_before_ack(
+        self,
+        message: Any,
+        ack: Callable[[], None],
+        requeue: Callable[[], None] | None = None,
+    ) -> bool:
         """Store the completion of a run that succeeded on the gate's claim, then ``ack()``;
-        True if so. False: nothing to store here (the pool stored the outcome), ack now."""
+        True if so. False: nothing to store here (the pool stored the outcome), ack now.
+
+        ``requeue()`` sends the copy back instead, if the store has no record left to
+        complete (:meth:`_refused`)."""
         header = (message.headers or {}).get(FACTS_HEADER)
         if not isinstance(header, dict) or not header.get(COMPLETED_MARK):
             return False
@@ -192,7 +207,7 @@ class ClaimKeeper:
         if claim is None or not claim.token or facts is None or self.reads is None:
             return False
         key = id(message)
-        self._owed[key] = _Completion(message, header, facts, claim, ack)
+        self._owed[key] = _Completion(message, header, facts, claim, ack, requeue)
         self._send_completion(key, self.completion_retry_s)
         return True
 
@@ -254,20 +269,38 @@ class ClaimKeeper:
 
     def _refused(self, completion: _Completion, fence: FenceDecision) -> None:
         """A late completion: its lease ran out and another run took it over. The copy is
-        acked; unless the message completed, its twin goes through the gate again."""
-        if fence.status is not Status.COMPLETED:
-            facts = completion.facts
-            self.stats["lease_lost"] += 1
-            completion.header[COMPLETED_MARK] = False
+        acked; unless the message completed, its twin goes through the gate again.
+
+        With no record at all, nobody took it over: a Redis failover lost the claim. Then
+        the copy goes back to its queue, as its twin may be gone, and the body runs again.
+        """
+        if fence.status is Status.COMPLETED:
+            completion.ack()
+            return
+        facts = completion.facts
+        completion.header[COMPLETED_MARK] = False
+        if fence.status is None and completion.requeue is not None:
+            self.stats["record_lost"] += 1
             logger.warning(
-                "beetle: late completion of %s (%s) refused: its lease ran out and another "
-                "run took it over (stored status %s, token %s; this run held token %s)",
+                "beetle: completion of %s (%s) refused: the store has no record of it (a "
+                "Redis failover lost its claim; this run held token %s); the copy goes back "
+                "to its queue, and its body may run again",
                 facts.message_id[:100],
                 facts.scope,
-                fence.status.value if fence.status else None,
-                fence.token,
                 completion.claim.token,
             )
+            completion.requeue()
+            return
+        self.stats["lease_lost"] += 1
+        logger.warning(
+            "beetle: late completion of %s (%s) refused: its lease ran out and another "
+            "run took it over (stored status %s, token %s; this run held token %s)",
+            facts.message_id[:100],
+            facts.scope,
+            fence.status.value if fence.status else None,
+            fence.token,
+            completion.claim.token,
+        )
         completion.ack()
 
     # -- at a shutdown -----------------------------------------------------------------------
@@ -295,6 +328,8 @@ class ClaimKeeper:
                     continue
                 del self._owed[key]
                 completion.ack = partial(_ack_quietly, completion.ack)
+                if completion.requeue is not None:
+                    completion.requeue = partial(_ack_quietly, completion.requeue)
                 self._answered(completion, fence)
             if not self._owed or time.monotonic() + pause > deadline:
                 break

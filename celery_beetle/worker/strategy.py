@@ -10,7 +10,8 @@ The strategy's ack and reject tell the run's :class:`~.ending.RunEnding` how it 
 =================================  =======================================================
 Celery calls                       what happens
 =================================  =======================================================
-ack, on the gate's claim           the gate stores the completion first, then acks
+ack, on the gate's claim           the gate stores the completion first, then acks (or
+                                   requeues, if the store lost the message's record)
 ack                                ack; the run finished
 reject with the pool's hand-back   the gate requeues it after a backoff
 reject                             reject; the run finished
@@ -87,7 +88,7 @@ class GatedStrategy:
         ending: Ending,
     ) -> None:
         """The gate lets the delivery run: hand it to Celery's strategy; never raises."""
-        on_ack = partial(self._on_ack, message, ack, ending)
+        on_ack = partial(self._on_ack, message, ack, reject, ending)
         on_reject = partial(self._on_reject, message, reject, ending)
         try:
             self.__wrapped__(message, body, on_ack, on_reject, callbacks, **kwargs)
@@ -104,10 +105,13 @@ class GatedStrategy:
             ending.finished()
             self.gate.hand_back(message)
 
-    def _on_ack(self, message: Any, ack: Any, ending: Ending, *args: Any, **kw: Any) -> Any:
+    def _on_ack(
+        self, message: Any, ack: Any, reject: Any, ending: Ending, *args: Any, **kw: Any
+    ) -> Any:
         """Celery acks: a run on the gate's claim stores its completion first."""
         acked = partial(self._acked, ack, ending, args, kw)
-        if self.gate.complete_before_ack(message, acked):
+        requeued = partial(self._requeued, reject, ending, args)
+        if self.gate.complete_before_ack(message, acked, requeued):
             return None
         return acked()
 
@@ -116,6 +120,15 @@ class GatedStrategy:
         """Make Celery's ack, now or once the completion is stored; the run finished."""
         try:
             return ack(*args, **kw)
+        finally:
+            ending.finished()
+
+    @staticmethod
+    def _requeued(reject: Any, ending: Ending, args: tuple[Any, ...]) -> Any:
+        """Requeue the copy in the place of its ack (Celery's ``reject`` takes the ack's
+        ``logger`` and ``errors``); the run finished."""
+        try:
+            return reject(*args, requeue=True)
         finally:
             ending.finished()
 

@@ -247,6 +247,42 @@ def test_a_completion_refused_after_a_takeover_acks_and_lets_the_twin_look_again
     assert h.gate.stats["deferred"] == 1, "the other worker's lease is live"
 
 
+def test_a_completion_whose_record_a_failover_lost_requeues_its_copy_and_runs_again(h):
+    """Seed 113021: the twin was wiped with its broker, then a Redis failover lost the claim
+    of the copy left; its completion found no record, and the ack lost the message. With
+    no record nobody took it over: the copy goes back to its queue and runs again."""
+    first = Message()
+    h.deliver(first)
+    h.calls.flush()
+    ((message, done),) = h.started
+    message.headers[FACTS_HEADER][COMPLETED_MARK] = True
+    requeued: list[Message] = []
+
+    def requeue() -> None:
+        requeued.append(message)
+        done.finished()
+
+    assert h.gate.complete_before_ack(message, message.ack, requeue)
+    h.store.records.clear()  # the new master lacks the claim the old one acknowledged
+    h.calls.flush()
+    assert first.acks == 0, "an ack would lose the message: no run holds it"
+    assert requeued == [first]
+    assert message.headers[FACTS_HEADER][COMPLETED_MARK] is False
+    assert h.gate.stats["record_lost"] == 1 and h.gate.stats["lease_lost"] == 0
+    h.started.clear()
+    h.deliver(first)  # the broker delivers it again: a fresh claim, its body runs again
+    h.calls.flush()
+    assert len(h.started) == 1
+
+
+def test_a_completion_refused_without_a_record_acks_where_it_cannot_requeue(h):
+    first = Message()
+    h.run_to_success(first)
+    h.store.records.clear()
+    h.calls.flush()
+    assert first.acks == 1 and h.gate.stats["lease_lost"] == 1
+
+
 def test_a_copy_whose_claim_is_locked_elsewhere_is_deferred(h):
     assert h.store.claim(h.facts(), LIMITS, "other").acquired
     h.deliver(Message())

@@ -9,6 +9,7 @@ from typing import Any
 from celery_beetle.worker.facts import COMPLETED_MARK, FACTS_HEADER, HANDBACK_MARK
 from celery_beetle.worker.strategy import GatedStrategy
 from tests.unit.test_gate import Harness, Message
+from tests.unit.test_gate_claims import Harness as ClaimsHarness
 
 
 class Strategy:
@@ -55,6 +56,27 @@ def test_a_reject_the_pool_handed_back_is_made_after_a_backoff():
     assert acked == [], "not at once: a poison message would spin"
     h.timer.advance(2.0)
     assert acked == ["reject"]
+
+
+def test_a_completion_the_store_has_no_record_for_requeues_through_celerys_reject():
+    h = ClaimsHarness()
+    gated, strategy = _gated(h)  # type: ignore[arg-type]
+    done: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+    message = Message()
+    gated(
+        message,
+        None,
+        lambda *args, **kw: done.append(("ack", args, kw)),
+        lambda *args, **kw: done.append(("reject", args, kw)),
+        None,
+    )
+    h.calls.flush()
+    started, on_ack, _ = strategy.started[0]
+    started.headers[FACTS_HEADER][COMPLETED_MARK] = True
+    on_ack("logger", "errors")  # as Celery's Request.acknowledge calls it
+    h.store.records.clear()  # a Redis failover lost the claim
+    h.calls.flush()
+    assert done == [("reject", ("logger", "errors"), {"requeue": True})]
 
 
 def test_deliveries_that_went_through_the_strategy_are_freed_without_the_cyclic_collector():

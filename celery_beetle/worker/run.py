@@ -99,8 +99,10 @@ class Run:
     Control flow goes back to Celery as its own exceptions, which decide the ack:
     ``Ignore`` (ack, no result: a duplicate, an expired message, a lease taken over),
     ``Reject(requeue=True)`` (not now: locked, delayed, Redis down; the gate defers the
-    redelivered copy), ``Retry`` (acked, state RETRY, the message is in its delay queue),
-    the body's own exception (acked, state FAILURE, the message is dead-lettered).
+    redelivered copy; or a completion that found no record, a Redis failover having lost
+    the claim, so that the body runs again), ``Retry`` (acked, state RETRY, the message is
+    in its delay queue), the body's own exception (acked, state FAILURE, the message is
+    dead-lettered).
     """
 
     def __init__(self, task: RunnableTask, request: Any) -> None:
@@ -123,6 +125,8 @@ class Run:
         #: claim retried under it is recognised as ours)
         self.lease = Lease(f"{secrets.token_hex(4)}@{self.worker}"[:MAX_OWNER_LENGTH])
         self.started = 0.0
+        #: a completion found no record at all: no other run took the message over
+        self._record_lost = False
         #: the calls to the store before the body, retried under this run's owner
         self.calls = RetriedCalls(task, request, self._name())
         self.claim = RunClaim(
@@ -174,6 +178,9 @@ class Run:
             if keeper is not None:
                 keeper.stop()
             if not self._complete(started):
+                if self._record_lost:
+                    # nobody took it over: an ack would lose it if its twin is gone too
+                    raise Reject("its record is gone from the store", requeue=True)
                 raise Ignore()
             self._completed_here()
         return result
@@ -295,6 +302,15 @@ class Run:
         if fence.ok:
             self._trace("completed", runtime_ms=round((time.monotonic() - started) * 1000))
             return True
+        if fence.status is None:
+            self._record_lost = True
+            logger.warning(
+                "beetle: completion of %s refused: the store has no record of it (a Redis "
+                "failover lost its claim; this run held token %s); nobody took it over",
+                self._name(),
+                self.lease.token,
+            )
+            return False
         metrics.lease_lost("pool")
         logger.warning(
             "beetle: late completion of %s refused: its lease ran out and another run took it "

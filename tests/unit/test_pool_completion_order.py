@@ -15,9 +15,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from celery import Celery
+from celery import Celery, states
 from celery.app.trace import build_tracer
 from celery.canvas import Signature
+from celery.exceptions import Reject
 
 from celery_beetle.store.fake import FakeStore
 from celery_beetle.store.state import Status
@@ -111,3 +112,13 @@ def test_a_completion_refused_after_the_chain_tells_the_ack_in_this_process(pool
     assert pool.order == ["published t.second"]
     assert run_state.refused_completion("task-1")
     assert not run_state.refused_completion("task-1")
+
+
+def test_a_completion_that_finds_no_record_requeues_its_copy(pool, app, monkeypatch):
+    """A Redis failover lost the claim: nobody took the message over, and its twin may be
+    gone with its broker, so the copy goes back to its queue rather than being acked."""
+    refused = SimpleNamespace(ok=False, status=None, token=0)
+    monkeypatch.setattr(pool.store, "complete", lambda facts, token: refused)
+    info = _run(app)[1]  # Celery's TraceInfo: the state, and what the run raised
+    assert info.state == states.REJECTED
+    assert isinstance(info.retval, Reject) and info.retval.requeue

@@ -220,6 +220,11 @@ class FenceDecision:
     def ok(self) -> bool:
         return self.outcome is Fence.OK
 
+    @property
+    def record_lost(self) -> bool:
+        """Refused with nothing stored: no run holds the message (a failover lost it)."""
+        return not self.ok and self.status is None
+
 
 #: the values of a replay mark: a replay of that dead letter began / its publish was confirmed
 REPLAY_STARTED, REPLAY_PUBLISHED = "r:", "p:"

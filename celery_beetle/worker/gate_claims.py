@@ -279,7 +279,7 @@ class ClaimKeeper:
             return
         facts = completion.facts
         completion.header[COMPLETED_MARK] = False
-        if fence.status is None and completion.requeue is not None:
+        if fence.record_lost and completion.requeue is not None:
             self.stats["record_lost"] += 1
             logger.warning(
                 "beetle: completion of %s (%s) refused: the store has no record of it (a "

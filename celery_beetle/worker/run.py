@@ -302,7 +302,7 @@ class Run:
         if fence.ok:
             self._trace("completed", runtime_ms=round((time.monotonic() - started) * 1000))
             return True
-        if fence.status is None:
+        if fence.record_lost:
             self._record_lost = True
             logger.warning(
                 "beetle: completion of %s refused: the store has no record of it (a Redis "

@@ -33,12 +33,11 @@ CLAIM_RETRY_S = 3.0
 
 def retry_window(task: Any, request: Any) -> float:
     """How long the pool retries the store before handing the delivery back."""
-    if current_process().name == "MainProcess":
-        return CLAIM_RETRY_S  # solo, threads, gevent: no time limits, a lease keeper
-    if not getattr(task, "acks_late", True):
-        # Celery acked the copy as the pool took it: a claim whose reply was lost is found
-        # again by a retry under the same owner, where a copy sent back would wait out
-        # the lease and count a second attempt
+    # solo, threads, gevent: no time limits, a lease keeper. With acks_late off, Celery
+    # acked the copy as the pool took it: a claim whose reply was lost is found again by a
+    # retry under the same owner, where a copy sent back would wait out the lease and count
+    # a second attempt
+    if current_process().name == "MainProcess" or not getattr(task, "acks_late", True):
         return CLAIM_RETRY_S
     timelimit = getattr(request, "timelimit", None) or (None, None)
     limits = [getattr(task, "soft_time_limit", None), timelimit[1]]

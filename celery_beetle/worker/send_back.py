@@ -21,7 +21,7 @@ from typing import Any
 from celery_beetle.store.state import MessageFacts
 from celery_beetle.worker.errors import Deferred, HandBack
 from celery_beetle.worker.retry_queue import RawMessage, publish_delayed
-from kombu_beetle.envelope import FLAG_DEGRADED, FLAG_REDUNDANT, FLAGS_HEADER
+from kombu_beetle.envelope import FLAG_DEGRADED, FLAG_REDUNDANT, FLAGS_HEADER, flags_of
 
 __all__ = ["MAX_DELAY_S", "SENT_BACK_HEADER", "send_back"]
 
@@ -43,7 +43,7 @@ def send_back(
     times = _int(raw.headers.get(SENT_BACK_HEADER))
     delay_s = min(float(getattr(exc, "delay_s", 1.0)) * 2**times, MAX_DELAY_S)
     delay_ms = round(delay_s * 1000)
-    flags = _int(raw.headers.get(FLAGS_HEADER)) & ~(FLAG_REDUNDANT | FLAG_DEGRADED)
+    flags = flags_of(raw.headers) & ~(FLAG_REDUNDANT | FLAG_DEGRADED)
     headers = {**raw.headers, FLAGS_HEADER: flags, SENT_BACK_HEADER: times + 1}
     try:
         with app.producer_or_acquire() as producer:

@@ -20,6 +20,7 @@ from celery.app.trace import build_tracer
 from celery.canvas import Signature
 from celery.exceptions import Reject
 
+from celery_beetle.store.decisions import Fence, FenceDecision
 from celery_beetle.store.fake import FakeStore
 from celery_beetle.store.state import Status
 from celery_beetle.task import BeetleTask
@@ -106,7 +107,7 @@ def test_a_run_with_nothing_to_send_completes_as_its_body_returns(pool, app):
 def test_a_completion_refused_after_the_chain_tells_the_ack_in_this_process(pool, app, monkeypatch):
     """Its lease was taken over meanwhile: the other run sends the same link again (one
     message id) and owns the message, so the ack must not call it completed."""
-    refused = SimpleNamespace(ok=False, status=Status.RUNNING, token=9)
+    refused = FenceDecision(Fence.NOT_OWNER, status=Status.RUNNING, token=9)
     monkeypatch.setattr(pool.store, "complete", lambda facts, token: refused)
     _run(app, chain=[dict(app.tasks["t.second"].s())])
     assert pool.order == ["published t.second"]
@@ -117,7 +118,7 @@ def test_a_completion_refused_after_the_chain_tells_the_ack_in_this_process(pool
 def test_a_completion_that_finds_no_record_requeues_its_copy(pool, app, monkeypatch):
     """A Redis failover lost the claim: nobody took the message over, and its twin may be
     gone with its broker, so the copy goes back to its queue rather than being acked."""
-    refused = SimpleNamespace(ok=False, status=None, token=0)
+    refused = FenceDecision(Fence.NOT_OWNER)
     monkeypatch.setattr(pool.store, "complete", lambda facts, token: refused)
     info = _run(app)[1]  # Celery's TraceInfo: the state, and what the run raised
     assert info.state == states.REJECTED

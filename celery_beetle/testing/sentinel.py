@@ -134,6 +134,8 @@ class SentinelSet:
         replica.extra_args = [*_NODE_ARGS, "--replicaof", master.host, str(master.port)]
         replica.start()
         self.wait_for(lambda: replica_in_sync(replica), "the replica to sync", timeout)
+        # "in sync" is the replica's view; a store that waits for replicas needs the master's
+        self.wait_for(lambda: replica_acknowledges(master), "the replica to acknowledge", timeout)
         self.sentinel.start()
         self.wait_for(self._sentinel_sees_replica, "the sentinel to find the replica", timeout)
 
@@ -183,6 +185,7 @@ class SentinelSet:
         node.extra_args = [*_NODE_ARGS, "--replicaof", master.host, str(master.port)]
         node.start()
         self.wait_for(lambda: replica_in_sync(node), "the old master to sync as a replica", timeout)
+        self.wait_for(lambda: replica_acknowledges(master), "the replica to acknowledge", timeout)
 
     def replica(self) -> RedisServer:
         """The node that is not the master now."""
@@ -202,6 +205,8 @@ class SentinelSet:
             with node.client() as client:
                 client.config_set("maxmemory", 0)
         self.wait_for(lambda: replica_in_sync(self.replica()), "the replica to sync", timeout)
+        master = self.master()
+        self.wait_for(lambda: replica_acknowledges(master), "the replica to acknowledge", timeout)
 
     def stop(self) -> None:
         """Kill the Sentinel and both nodes by pid."""
@@ -243,3 +248,13 @@ def _role(node: RedisServer) -> str:
 def replica_in_sync(node: RedisServer) -> bool:
     info = _info(node)
     return info["role"] == "slave" and info.get("master_link_status") == "up"
+
+
+def replica_acknowledges(master: RedisServer) -> bool:
+    """A write on ``master`` is acknowledged by a replica within 200 ms (``WAIT 1``): a
+    replica that has just synced takes up to a second to send its first acknowledgement."""
+    with master.client(socket_timeout=1, socket_connect_timeout=0.5) as client:
+        pipe = client.pipeline(transaction=False)
+        pipe.set("beetle-test:replica-ack", 1, px=1000)
+        pipe.execute_command("WAIT", 1, 200)
+        return int(pipe.execute()[1]) >= 1

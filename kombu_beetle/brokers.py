@@ -155,20 +155,31 @@ class BrokerChannel(pyamqp.Channel):
             return None
         return self.beetle_write_ack(delivery_tag, multiple, **kwargs)
 
+    # A tag leaves the unsettled set only once its frame is written. A threads pool acks
+    # from its own threads while the loop's batch may ack with ``multiple``: settled first,
+    # a tag could be covered by a multiple ack written before its own frame, and the broker
+    # would then close the channel on an "unknown delivery tag" (or take a requeue as an ack).
+
     def beetle_write_ack(self, delivery_tag: int, multiple: bool = False, **kwargs: Any) -> Any:
         """Write a ``basic.ack`` now."""
-        self.beetle_unsettled.settled(delivery_tag, multiple)
-        return self._link_call(super().basic_ack, delivery_tag, multiple, **kwargs)
+        try:
+            return self._link_call(super().basic_ack, delivery_tag, multiple, **kwargs)
+        finally:
+            self.beetle_unsettled.settled(delivery_tag, multiple)
 
     def basic_reject(self, delivery_tag: int, requeue: bool = True, **kwargs: Any) -> Any:
-        self.beetle_unsettled.settled(delivery_tag)
-        return self._link_call(super().basic_reject, delivery_tag, requeue, **kwargs)
+        try:
+            return self._link_call(super().basic_reject, delivery_tag, requeue, **kwargs)
+        finally:
+            self.beetle_unsettled.settled(delivery_tag)
 
     def basic_nack(
         self, delivery_tag: int, multiple: bool = False, requeue: bool = True, **kwargs: Any
     ) -> Any:
-        self.beetle_unsettled.settled(delivery_tag, multiple)
-        return self._link_call(super().basic_nack, delivery_tag, multiple, requeue, **kwargs)
+        try:
+            return self._link_call(super().basic_nack, delivery_tag, multiple, requeue, **kwargs)
+        finally:
+            self.beetle_unsettled.settled(delivery_tag, multiple)
 
     def basic_recover(self, requeue: bool = False) -> Any:
         """The broker delivers again what this channel holds, under new tags: the old ones

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import amqp
+import pytest
 from amqp import spec
 from amqp.serialization import dumps
 
@@ -175,3 +176,39 @@ def test_acks_are_written_at_once_when_many_wait() -> None:
     assert conn.transport.writes == [ack_frame(1, ACK_BATCH_MAX, True)]
     soon.pop()()  # the timer finds nothing left
     assert len(conn.transport.writes) == 1
+
+
+@pytest.mark.parametrize(
+    ("settle", "frame"),
+    [
+        ("beetle_write_ack", "basic_ack"),
+        ("basic_reject", "basic_reject"),
+        ("basic_nack", "basic_nack"),
+    ],
+)
+def test_a_tag_settled_from_another_thread_stays_unsettled_until_its_frame_is_written(
+    monkeypatch: pytest.MonkeyPatch, settle: str, frame: str
+) -> None:
+    """A threads pool acks from its own threads while the loop's batch may ack with
+    ``multiple``: a multiple ack covering a tag whose own frame is not out yet would reach the
+    broker first, and the broker would close the channel on the tag's "unknown delivery tag"
+    (for a reject: take the requeue as an ack)."""
+    from kombu.transport import pyamqp
+
+    from kombu_beetle.brokers import BrokerChannel
+
+    channel = BrokerChannel.__new__(BrokerChannel)
+    channel.beetle_unsettled = Unsettled()
+    channel.connection, channel.is_open, channel.beetle_link = object(), True, None
+    for tag in (1, 2, 3):
+        channel.beetle_unsettled.received(tag)
+    batch_while_writing: list[tuple[int, list[int]]] = []
+
+    def write(self: Any, tag: int, *args: Any, **kwargs: Any) -> None:
+        # the loop's batch of acks for tags 2 and 3, taken while this thread writes tag 1
+        batch_while_writing.append(self.beetle_unsettled.take([2, 3]))
+
+    monkeypatch.setattr(pyamqp.Channel, frame, write, raising=False)
+    getattr(channel, settle)(1)
+    assert batch_while_writing == [(0, [2, 3])], "no multiple ack over a tag still being written"
+    assert len(channel.beetle_unsettled) == 0

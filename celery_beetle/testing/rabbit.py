@@ -346,12 +346,20 @@ class RabbitNode:
             return False
         return True
 
+    @property
+    def log_path(self) -> Path:
+        """The node's own log (connections, channel errors, queue recovery)."""
+        return self.base_dir / "log" / f"{self.nodename}.log"
+
+    def log_tail(self) -> str:
+        """The end of the node's log, for a failing test's message."""
+        return log_tail(self.log_path)
+
     def _failure(self, what: str) -> str:
-        node_log = self.base_dir / "log" / f"{self.nodename}.log"
         return (
             f"RabbitMQ node {self.nodename} {what}.\n"
             f"--- {self.output_log} ---\n{log_tail(self.output_log)}\n"
-            f"--- {node_log} ---\n{log_tail(node_log)}"
+            f"--- {self.log_path} ---\n{self.log_tail()}"
         )
 
     def _api(

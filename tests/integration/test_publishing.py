@@ -156,9 +156,12 @@ def test_with_every_broker_down_publish_names_the_brokers_and_recovers(brokers, 
         },
     )
     # the confirm comes once the queue took it; list_queues is read until it shows it
-    assert wait_until(
-        lambda: brokers.nodes[1].queue_depths(brokers.vhost).get("work", (0, 0))[0] >= 1, 10
-    ), brokers.nodes[1].queue_depths(brokers.vhost)
+    back = brokers.nodes[1]
+    assert wait_until(lambda: back.queue_depths(brokers.vhost).get("work", (0, 0))[0] >= 1, 10), (
+        back.queue_depths(brokers.vhost),
+        back.ctl("list_bindings", "-p", brokers.vhost),
+        back.log_tail(),
+    )
 
 
 def test_tracing_writes_one_published_event_per_copy_of_a_redundant_message(

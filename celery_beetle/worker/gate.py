@@ -54,12 +54,7 @@ from celery_beetle.worker.asking import Asking
 from celery_beetle.worker.bad_input import BadInput, BadInputs, DeadLetter
 from celery_beetle.worker.deliveries import HELD_MARK, CompletedMemory, Delivery, Ending, QoSLike
 from celery_beetle.worker.ending import Endings, RunEnding
-from celery_beetle.worker.facts import (
-    CLAIM_MARK,
-    FACTS_HEADER,
-    GateClaim,
-    facts_header,
-)
+from celery_beetle.worker.facts import CLAIM_MARK, FACTS_HEADER, GateClaim, facts_header
 from celery_beetle.worker.gate_claims import ClaimKeeper
 from celery_beetle.worker.handback import HandBacks, requeue
 from celery_beetle.worker.held import Holding

@@ -22,7 +22,8 @@ Rules:
   no outcome of a body that ended.
 - A dead letter that cannot be published hands the copy back; the record keeps it owed.
 - With ``acks_late`` off Celery acks the copy as the pool takes it, so a claim the store
-  refused or deferred cannot hand it back: the run publishes the message again instead.
+  refused or deferred, or a completion that found no record, cannot hand it back: the run
+  publishes the message again instead (:mod:`.send_back`).
 - Where the pool cannot cut a body short, a :class:`~.lease.LeaseKeeper` extends its lease.
 """
 
@@ -45,18 +46,8 @@ from celery_beetle.store.outcome import Failure, GiveUpReason
 from celery_beetle.store.state import MAX_OWNER_LENGTH
 from celery_beetle.worker import run_state, time_limits
 from celery_beetle.worker.deadletter import OwedDeadLetter
-from celery_beetle.worker.errors import (
-    AttemptsExhausted,
-    DeadLettered,
-    Deferred,
-    Dropped,
-    HandBack,
-)
-from celery_beetle.worker.facts import (
-    CLAIM_MARK,
-    FACTS_HEADER,
-    GateClaim,
-)
+from celery_beetle.worker.errors import AttemptsExhausted, DeadLettered, Deferred, Dropped, HandBack
+from celery_beetle.worker.facts import CLAIM_MARK, FACTS_HEADER, GateClaim
 from celery_beetle.worker.lease import LeaseKeeper
 from celery_beetle.worker.retry_queue import RawMessage, publish_delayed, raw_message_from_request
 from celery_beetle.worker.run_calls import RetriedCalls
@@ -100,9 +91,9 @@ class Run:
     ``Ignore`` (ack, no result: a duplicate, an expired message, a lease taken over),
     ``Reject(requeue=True)`` (not now: locked, delayed, Redis down; the gate defers the
     redelivered copy; or a completion that found no record, a Redis failover having lost
-    the claim, so that the body runs again), ``Retry`` (acked, state RETRY, the message is
-    in its delay queue), the body's own exception (acked, state FAILURE, the message is
-    dead-lettered).
+    the claim, so that the body runs again; sent back instead after an early ack),
+    ``Retry`` (acked, state RETRY, the message is in its delay queue), the body's own
+    exception (acked, state FAILURE, the message is dead-lettered).
     """
 
     def __init__(self, task: RunnableTask, request: Any) -> None:
@@ -179,8 +170,7 @@ class Run:
                 keeper.stop()
             if not self._complete(started):
                 if self._record_lost:
-                    # nobody took it over: an ack would lose it if its twin is gone too
-                    raise Reject("its record is gone from the store", requeue=True)
+                    self._give_back_unrecorded()
                 raise Ignore()
             self._completed_here()
         return result
@@ -242,6 +232,15 @@ class Run:
         )  # fmt: skip
         keeper.start()
         return keeper
+
+    def _give_back_unrecorded(self) -> NoReturn:
+        """Nobody took the run over, and an ack would lose the message if its twin is gone
+        too: the copy goes back to its queue (published again if Celery acked it early)."""
+        reason = "its record is gone from the store"
+        if self.claim.acks_late:
+            raise Reject(reason, requeue=True)
+        self._send_back(HandBack(reason))
+        raise Dropped("sent back")
 
     def _send_back(self, exc: HandBack | Deferred) -> None:
         send_back(self.task.app, self._raw_message(), self.facts, self._name(), exc)

@@ -1,10 +1,11 @@
 """A copy Celery acked as the pool took it (``acks_late`` off), and the run could not claim.
 
 Its claim failed (Redis away) or was deferred (another run holds the lease, or a retry is
-not due), and a ``Reject`` after an early ack does nothing: the copy would be gone, and with
-it the message when its twin went the same way. So the run publishes the message again,
-with the same message id (the same record in the store), to its queue after a delay; the
-gate then parks, defers or drops the new copy as it does any other.
+not due), or its completion found no record (a Redis failover lost the claim, and nobody
+took the run over). A ``Reject`` after an early ack does nothing: the copy would be gone,
+and with it the message when its twin went the same way. So the run publishes the message
+again, with the same message id (the same record in the store), to its queue after a
+delay; the gate then parks, defers or drops the new copy as it does any other.
 
 - One copy goes back for the one taken, as a requeue would return it: the message keeps
   as many copies as it had, however long Redis stays away.
@@ -52,7 +53,7 @@ def send_back(
             )
     except Exception as pub_exc:
         logger.error(
-            "beetle: %s was acked as it was taken (acks_late off) and could not be claimed "
+            "beetle: %s was acked as it was taken (acks_late off) and is not settled here "
             "(%s), nor sent back (%r); only its twin on another broker is left",
             name,
             exc.reason,
@@ -62,7 +63,7 @@ def send_back(
     # a deferral is expected (a twin running elsewhere): said at DEBUG, as the gate does
     log = logger.warning if isinstance(exc, HandBack) else logger.debug
     log(
-        "beetle: %s was acked as it was taken (acks_late off) and could not be claimed (%s); "
+        "beetle: %s was acked as it was taken (acks_late off) and is not settled here (%s); "
         "sent back to its queue in %.1f s",
         name,
         exc.reason,

@@ -122,3 +122,21 @@ def test_a_copy_no_broker_takes_back_is_handed_back_as_before(app, sent, monkeyp
     monkeypatch.setattr(send_back, "publish_delayed", no_broker)
     result = _run(app, "t.early", _RefusingStore(), monkeypatch)
     assert isinstance(_raised(result), HandBack)
+
+
+class _RecordLosingStore(FakeStore):
+    """A Redis failover lost the claim: the completion finds no record of the message."""
+
+    def complete(self, facts: MessageFacts, token: int) -> Any:
+        self.forget(facts.scope, facts.message_id)
+        return super().complete(facts, token)
+
+
+def test_an_early_acked_copy_whose_completion_finds_no_record_is_published_again(
+    app, sent, monkeypatch
+):
+    """Nobody took the run over; Celery acked the copy as the pool took it, so a requeue
+    would do nothing and the message would rest on its twin alone: it is sent back."""
+    result = _run(app, "t.early", _RecordLosingStore(), monkeypatch)
+    assert isinstance(_raised(result), Dropped)
+    assert [(s.queue, s.delay_ms) for s in sent] == [("celery", 1000)]

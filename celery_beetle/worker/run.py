@@ -185,12 +185,15 @@ class Run:
     def complete_owed(self) -> None:
         """Store the completion this run owes, now that Celery sent what follows the body
         (:func:`~.run_state.owe_completion`). Too late to make Celery ignore the run: a
-        completion refused (its lease taken over) tells the ack so where it can."""
+        completion refused (its lease taken over) tells the ack so where it can, and one
+        that found no record sends its copy back, as Celery acks this one."""
         keeper, self._keeper = self._keeper, None
         if keeper is not None:
             keeper.stop()
         if self._complete(self.started, limits_held=True):
             self._completed_here()
+        elif self._record_lost:
+            self._send_back(HandBack("its record is gone from the store"))
         elif current_process().name == "MainProcess":  # a pool process cannot tell its parent
             run_state.refused_here.add(self.request.id)
 

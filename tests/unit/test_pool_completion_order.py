@@ -123,3 +123,20 @@ def test_a_completion_that_finds_no_record_requeues_its_copy(pool, app, monkeypa
     info = _run(app)[1]  # Celery's TraceInfo: the state, and what the run raised
     assert info.state == states.REJECTED
     assert isinstance(info.retval, Reject) and info.retval.requeue
+
+
+def test_an_owed_completion_that_finds_no_record_sends_its_copy_back(pool, app, monkeypatch):
+    """Celery acks the copy as the task ends, too late for a requeue: a Redis failover lost
+    the claim and nobody took the message over, so the run publishes it again and the body
+    runs again (its chain's next link, sent again, keeps its message id and runs once)."""
+    from celery_beetle.worker import send_back
+
+    sent: list[str] = []
+    monkeypatch.setattr(
+        send_back, "publish_delayed", lambda producer, raw, queue, *a: sent.append(queue)
+    )
+    monkeypatch.setattr(pool.store, "complete", lambda facts, token: FenceDecision(Fence.NOT_OWNER))
+    _run(app, chain=[dict(app.tasks["t.second"].s())])
+    assert pool.order == ["published t.second"]
+    assert sent == ["celery"]
+    assert not run_state.refused_completion("task-1")

@@ -43,9 +43,11 @@ from typing import Any
 
 import sqlalchemy as sa
 from celery import Celery
+from sqlalchemy.orm import Session
 
 import celery_beetle
 from celery_beetle import BeetleTask
+from celery_beetle.outbox import inbox
 from celery_beetle.testing.explorer.ledger import note, read_dir
 from celery_beetle.testing.explorer.scenario import RETRY_DELAY_S
 
@@ -121,10 +123,9 @@ def make_app(
 
     @app.task(base=BeetleTask, bind=True, name="ex.inbox", shared=False, **options)
     def inbox_task(self: Any, sleep_s: float) -> str:
-        from sqlalchemy.orm import Session
-
-        from celery_beetle.outbox import inbox
-
+        # its modules are imported with the app, as the worker starts: a pool process's
+        # first inbox body took over 4 s to import them on a loaded machine, past its soft
+        # time limit, and was dead-lettered as a failure the scenario never asked for
         key = str(self.request.id)
         mark("start", key)
         assert db_url, "ex.inbox needs EXPLORER_DB"

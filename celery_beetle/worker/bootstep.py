@@ -167,6 +167,11 @@ class BeetleGateStep(bootsteps.StartStopStep):
         read it when they are called)."""
         return self.gate
 
+    def close(self, c: Any) -> None:
+        """A warm shutdown begins (Celery closes the consumer before its pool finishes)."""
+        if self.gate is not None:
+            self.gate.drain_while_stopping()
+
     def stop(self, c: Any) -> None:
         if self.gate is not None:
             self.gate.reset()

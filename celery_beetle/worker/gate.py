@@ -226,14 +226,15 @@ class DeliveryGate:
         return self.holding.hold_twin(raw, task_name, deliver)
 
     def complete_before_ack(
-        self,
-        message: Any,
-        ack: Callable[[], None],
-        requeue: Callable[[], None] | None = None,
+        self, message: Any, ack: Callable[[], None], requeue: Callable[[], None] | None = None
     ) -> bool:
         """Store the completion of a run on the gate's claim, then ``ack()``; True if so
         (:meth:`~.gate_claims.ClaimKeeper.complete_before_ack`)."""
         return self.claim_keeper.complete_before_ack(message, ack, requeue)
+
+    def drain_while_stopping(self) -> None:
+        """A warm shutdown began (:meth:`~.ClaimKeeper.drain_while_stopping`)."""
+        self.claim_keeper.drain_while_stopping()
 
     def store_owed(self, wait_s: float) -> tuple[int, int]:
         """At a warm shutdown: store the completions owed (:meth:`~.ClaimKeeper.store_owed`)."""

@@ -20,9 +20,10 @@ One refused because the store has no record of the message at all (a Redis failo
 the claim) sends its copy back to its queue instead: no run holds the message, and its twin
 may be gone with its broker, so the body runs again rather than the message being lost.
 
-A completion not stored yet is *owed* until it is.
-A warm shutdown stores what is owed itself, for a bounded time (:meth:`ClaimKeeper.store_owed`),
-because the event loop that retries it stops with the worker.
+A completion not stored yet is *owed* until it is. A warm shutdown stops the event loop
+while the pool finishes: a thread stores each owed completion meanwhile, before its lease
+runs out (:meth:`ClaimKeeper.drain_while_stopping`), and what is left at the end is stored
+for a bounded time (:meth:`ClaimKeeper.store_owed`).
 
 A worker killed with deliveries in its pool's queue leaves them to other copies within one
 reservation, their attempts unused.
@@ -34,6 +35,7 @@ from __future__ import annotations
 import logging
 import secrets
 import socket
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -125,6 +127,8 @@ class ClaimKeeper:
         #: identity -> (facts, token, reservation ms)
         self._reserved: dict[tuple[str, str], tuple[MessageFacts, int, int]] = {}
         self._renewing = False
+        #: the thread storing completions during a warm shutdown, and its stop
+        self._drainer: tuple[threading.Thread, threading.Event] | None = None
 
     def next_owner(self) -> str:
         """A claim's owner, unique per claim.
@@ -228,8 +232,8 @@ class ClaimKeeper:
         if exc is not None or fence is None:
             self._retry(key, retry_s, exc)
             return
-        del self._owed[key]
-        self._answered(completion, fence)
+        if self._owed.pop(key, None) is not None:  # else stored by a shutdown's drain
+            self._answered(completion, fence)
 
     def _answered(self, completion: _Completion, fence: FenceDecision) -> None:
         if fence.ok:
@@ -305,6 +309,45 @@ class ClaimKeeper:
 
     # -- at a shutdown -----------------------------------------------------------------------
 
+    def drain_while_stopping(self, interval_s: float = 0.1) -> None:
+        """A warm shutdown began: store what is owed every ``interval_s`` on a thread."""
+        if self._drainer is not None:
+            return
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=self._drain, args=(stop, interval_s), name="beetle-drain", daemon=True
+        )
+        self._drainer = (thread, stop)
+        thread.start()
+
+    def _drain(self, stop: threading.Event, interval_s: float) -> None:
+        while not stop.wait(interval_s):
+            for key, completion in list(self._owed.items()):
+                try:
+                    fence = self.store.complete(completion.facts, completion.claim.token)
+                except Exception as exc:
+                    if not store_unavailable(exc):
+                        logger.error("beetle: cannot store a completion (%r)", exc)
+                    continue
+                # storing twice with one token changes nothing; acking twice would
+                if self._owed.pop(key, None) is not None:
+                    self._answered_quietly(completion, fence)
+
+    def _answered_quietly(self, completion: _Completion, fence: FenceDecision) -> None:
+        """As :meth:`_answered`, at a shutdown: an ack or requeue that fails (the connection
+        is gone) leaves the copy to its broker, which delivers it again."""
+        completion.ack = partial(_ack_quietly, completion.ack)
+        if completion.requeue is not None:
+            completion.requeue = partial(_ack_quietly, completion.requeue)
+        self._answered(completion, fence)
+
+    def _stop_draining(self) -> None:
+        drainer, self._drainer = self._drainer, None
+        if drainer is not None:
+            thread, stop = drainer
+            stop.set()
+            thread.join(timeout=5)
+
     def store_owed(self, wait_s: float) -> tuple[int, int]:
         """Store the completions still owed, synchronously, and ack each stored one; for a
         warm shutdown, when the event loop no longer retries them. Returns (stored, owed).
@@ -312,6 +355,7 @@ class ClaimKeeper:
         While the store is unavailable it retries for up to ``wait_s`` seconds.
         What is still owed then goes back to its queue unacked, and its body may run again.
         """
+        self._stop_draining()
         owed = len(self._owed)
         if not owed:
             return 0, 0
@@ -327,10 +371,7 @@ class ClaimKeeper:
                         logger.error("beetle: cannot store a completion (%r)", exc)
                     continue
                 del self._owed[key]
-                completion.ack = partial(_ack_quietly, completion.ack)
-                if completion.requeue is not None:
-                    completion.requeue = partial(_ack_quietly, completion.requeue)
-                self._answered(completion, fence)
+                self._answered_quietly(completion, fence)
             if not self._owed or time.monotonic() + pause > deadline:
                 break
             time.sleep(pause)

@@ -53,3 +53,29 @@ def test_a_warm_shutdown_during_a_redis_outage_stores_its_completions_once_redis
     starts = counts(workers, "start")
     assert all(starts[i] == 1 for i in items), {i: n for i, n in starts.items() if n != 1}
     assert stored_dead_letters(brokers) == 0, "no dead letter the tasks did not cause"
+
+
+@pytest.mark.timeout(240)
+def test_a_task_that_returns_during_a_warm_shutdown_is_completed_before_its_lease_runs_out(
+    brokers, client, eo_worker
+):
+    """Celery's warm shutdown closes the consumer, then waits for its pool: a short task that
+    returned meanwhile used to be completed only when the longest one ended, past its own
+    lease, and the worker holding its twin ran it again. The leaving worker consumes one broker
+    here, so the twins wait on the second until the first worker is told to stop. (A copy
+    acked as the worker leaves may come back: its record says it completed.)"""
+    options = {"task_options": {"timeout": 3}, "pool": "threads", "concurrency": 3}
+    app = client(brokers.url_for(0, 1), task_options={"timeout": 3})
+    leaving = eo_worker(brokers.url_for(0), **options)
+    app.tasks["eo.record"].delay(0, 9.0)  # holds the shutdown for 9 s, its lease kept
+    assert wait_until(lambda: counts([leaving], "start")[0] == 1, timeout=30)
+    for item in (1, 2):
+        app.tasks["eo.record"].delay(item, 1.0)
+    assert wait_until(lambda: counts([leaving], "start")[2] == 1, timeout=30)
+    stopping = threading.Thread(target=leaving.stop, kwargs={"timeout": 60})
+    stopping.start()  # a deploy: SIGTERM while the three bodies run
+    staying = eo_worker(brokers.url_for(0, 1), **options)  # the twins wait here, leased
+    stopping.join()
+    workers = [leaving, staying]
+    assert wait_until(lambda: celery_queue_empty(brokers), timeout=60), brokers.queue_depths()
+    assert counts(workers, "start") == {0: 1, 1: 1, 2: 1}, leaving.log_text()[-3000:]

@@ -19,6 +19,7 @@ from redis.exceptions import ResponseError
 from celery_beetle.store.fake import FakeStore
 from celery_beetle.store.outcome import Limits
 from celery_beetle.store.state import MessageFacts, Status
+from celery_beetle.testing.waiting import wait_until
 from celery_beetle.worker.facts import CLAIM_MARK, COMPLETED_MARK, FACTS_HEADER, GateClaim
 from celery_beetle.worker.gate import DeliveryGate
 from kombu_beetle.trace import TraceWriter
@@ -214,6 +215,24 @@ def test_a_shutdown_stores_the_completions_owed_and_acks_each_once(h):
     h.timer.advance(5)  # the retry the event loop had planned finds nothing owed
     h.calls.flush()
     assert first.acks == 1 and h.calls.kinds == ["claim", "complete"]
+
+
+def test_during_a_warm_shutdown_a_completion_is_stored_as_it_comes_not_at_the_end(h):
+    """Celery closes the consumer, then waits for the pool with the event loop stopped: a
+    completion owed meanwhile must not wait for the longest task, past its own lease."""
+    first, second = Message(), Message(message_id="m2", headers={"id": "task-2"})
+    h.run_to_success(first)  # owed: its batch goes out on a loop that no longer runs
+    h.gate.drain_while_stopping()
+    assert wait_until(lambda: first.acks == 1, timeout=5)
+    assert h.store.peek("jobs", "m1").status is Status.COMPLETED
+    h.deliver(second)
+    h.calls.flush()  # the claim was answered before the shutdown began
+    (_, (started, done)) = h.started
+    h.succeed(started, done)  # a task the pool finished during the shutdown
+    assert wait_until(lambda: second.acks == 1, timeout=5)
+    assert h.gate.store_owed(wait_s=1.0) == (0, 0), "nothing left for the end"
+    h.calls.flush()  # the loop's own sends, if it ever ran them, find nothing owed
+    assert (first.acks, second.acks) == (1, 1)
 
 
 def test_a_shutdown_gives_up_on_what_it_cannot_store_within_its_wait_and_acks_nothing(h):

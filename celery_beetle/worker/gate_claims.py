@@ -314,9 +314,7 @@ class ClaimKeeper:
         if self._drainer is not None:
             return
         stop = threading.Event()
-        thread = threading.Thread(
-            target=self._drain, args=(stop, interval_s), name="beetle-drain", daemon=True
-        )
+        thread = threading.Thread(target=self._drain, args=(stop, interval_s), daemon=True)
         self._drainer = (thread, stop)
         thread.start()
 
@@ -334,8 +332,7 @@ class ClaimKeeper:
                     self._answered_quietly(completion, fence)
 
     def _answered_quietly(self, completion: _Completion, fence: FenceDecision) -> None:
-        """As :meth:`_answered`, at a shutdown: an ack or requeue that fails (the connection
-        is gone) leaves the copy to its broker, which delivers it again."""
+        """As :meth:`_answered`, at a shutdown: a failed ack leaves the copy to its broker."""
         completion.ack = partial(_ack_quietly, completion.ack)
         if completion.requeue is not None:
             completion.requeue = partial(_ack_quietly, completion.requeue)
@@ -354,13 +351,14 @@ class ClaimKeeper:
 
         While the store is unavailable it retries for up to ``wait_s`` seconds.
         What is still owed then goes back to its queue unacked, and its body may run again.
+        The claims sent without an answer are released in the same time.
         """
         self._stop_draining()
-        owed = len(self._owed)
+        owed, deadline = len(self._owed), time.monotonic() + wait_s
         if not owed:
+            self.outage.release_unconfirmed_until(deadline)
             return 0, 0
         logger.info("beetle: stopping: storing %d completion(s) owed", owed)
-        deadline = time.monotonic() + wait_s
         pause = self.completion_retry_s
         while self._owed:
             for key, completion in list(self._owed.items()):
@@ -388,6 +386,7 @@ class ClaimKeeper:
             self._owed.clear()
         else:
             logger.info("beetle: stopping: stored the %d completion(s) owed", owed)
+        self.outage.release_unconfirmed_until(deadline)
         return stored, owed
 
 

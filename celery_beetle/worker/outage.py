@@ -124,6 +124,21 @@ class StoreOutage:
         if not self.paused:
             self.release_unconfirmed_claims()
 
+    def release_unconfirmed_until(self, deadline: float) -> None:
+        """At a warm shutdown, when no probe will release them: release the claims sent
+        without an answer, retrying until ``deadline`` (``time.monotonic()``), so that the
+        next worker does not wait for their leases to end."""
+        pause = 0.1
+        while not self.release_unconfirmed_claims():
+            if time.monotonic() + pause > deadline:
+                logger.warning(
+                    "beetle: stopping: %d claim(s) sent without an answer are left to their leases",
+                    len(self.to_release),
+                )
+                return
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
     def release_unconfirmed_claims(self) -> bool:
         """Release the claims sent without an answer (their owner never ran the body); True
         once none is left.

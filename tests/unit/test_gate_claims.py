@@ -235,6 +235,16 @@ def test_during_a_warm_shutdown_a_completion_is_stored_as_it_comes_not_at_the_en
     assert (first.acks, second.acks) == (1, 1)
 
 
+def test_a_shutdown_releases_the_claims_sent_without_an_answer(h):
+    """The probe that would release them once Redis answered stops with the event loop: a
+    claim Redis applied while its reply was lost would hold the message for a whole lease."""
+    assert h.store.claim(h.facts(), LIMITS, "lost-reply").acquired
+    h.gate.outage.to_release.append((h.facts(), "lost-reply"))
+    assert h.gate.store_owed(wait_s=1.0) == (0, 0)
+    assert h.gate.outage.to_release == []
+    assert h.store.claim(h.facts(), LIMITS, "next-worker").acquired, "free at once"
+
+
 def test_a_shutdown_gives_up_on_what_it_cannot_store_within_its_wait_and_acks_nothing(h):
     first = Message()
     h.run_to_success(first)

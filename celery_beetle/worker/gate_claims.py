@@ -320,16 +320,20 @@ class ClaimKeeper:
 
     def _drain(self, stop: threading.Event, interval_s: float) -> None:
         while not stop.wait(interval_s):
-            for key, completion in list(self._owed.items()):
-                try:
-                    fence = self.store.complete(completion.facts, completion.claim.token)
-                except Exception as exc:
-                    if not store_unavailable(exc):
-                        logger.error("beetle: cannot store a completion (%r)", exc)
-                    continue
-                # storing twice with one token changes nothing; acking twice would
-                if self._owed.pop(key, None) is not None:
-                    self._answered_quietly(completion, fence)
+            self._store_owed_once()
+
+    def _store_owed_once(self) -> None:
+        """Try each owed completion once, synchronously; ack (or requeue) what is answered."""
+        for key, completion in list(self._owed.items()):
+            try:
+                fence = self.store.complete(completion.facts, completion.claim.token)
+            except Exception as exc:
+                if not store_unavailable(exc):
+                    logger.error("beetle: cannot store a completion (%r)", exc)
+                continue
+            # storing twice with one token changes nothing; acking twice would
+            if self._owed.pop(key, None) is not None:
+                self._answered_quietly(completion, fence)
 
     def _answered_quietly(self, completion: _Completion, fence: FenceDecision) -> None:
         """As :meth:`_answered`, at a shutdown: a failed ack leaves the copy to its broker."""
@@ -361,15 +365,7 @@ class ClaimKeeper:
         logger.info("beetle: stopping: storing %d completion(s) owed", owed)
         pause = self.completion_retry_s
         while self._owed:
-            for key, completion in list(self._owed.items()):
-                try:
-                    fence = self.store.complete(completion.facts, completion.claim.token)
-                except Exception as exc:
-                    if not store_unavailable(exc):
-                        logger.error("beetle: cannot store a completion (%r)", exc)
-                    continue
-                del self._owed[key]
-                self._answered_quietly(completion, fence)
+            self._store_owed_once()
             if not self._owed or time.monotonic() + pause > deadline:
                 break
             time.sleep(pause)

@@ -191,6 +191,12 @@ def report(results: dict[float, dict[str, Figures]], latency_ms: float) -> None:
                 + f"    {'':12}" + "".join(f"{_med(f.pub_cpu.get(g, [])):10.0f}" for g in pub)
                 + f"{consume:9.0f}{whole:7.0f}{_spread(round_totals(f)):>11}"
             )  # fmt: skip
+        split = [
+            f"{name} {_med(f.cpu['main']):.0f} + {_med(f.cpu['worker']) - _med(f.cpu['main']):.0f}"
+            for name, f in by_kind.items()
+            if "main" in f.cpu
+        ]
+        print("  worker µs/task, main process + pool processes: " + "; ".join(split))
         targets(body, by_kind, latency_ms)
 
 

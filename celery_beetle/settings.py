@@ -187,9 +187,9 @@ SETTING_DOCS: Mapping[str, str] = {
     "beetle_shutdown_store_wait": "how long a warm shutdown (SIGTERM) keeps trying to store "
     "the completions of bodies that returned, while Redis is down, before the worker lets "
     "their messages go back unacked, seconds",
-    "beetle_claim_in_idle_pool": "a fresh delivery that finds a prefork process free goes to it "
-    "at once and is claimed there as the body begins (one Redis round trip before the body, "
-    "not two); False: the gate always claims first",
+    "beetle_claim_in_idle_pool": "under prefork a fresh delivery waits in the gate until a pool "
+    "process is free, and the gate's claim for it starts the run (no Redis call in the pool "
+    "process before the body); False: the gate reserves every delivery first",
     "beetle_dedup_scopes": '`{queue: scope}` or `"q1=s1,q2=s2"`: the dedup scope of messages '
     "consumed from a queue (the old and new queue of a migration share one)",
     "beetle_metrics_port": "serve Prometheus metrics on this port from the worker's main process",

@@ -15,6 +15,7 @@ the main process
 ``deliveries``          what it holds: a delivery, a raw twin, the runs completed here
 ``held``                the holding table: dropped, deferred, waiting, parked, given back
 ``asking``              its question to Redis on the event loop, and the answer
+``dispatch``            under prefork: fresh deliveries claimed in full as a process frees
 ``gate_claims``         the claim keeper: reservations renewed, completions before the ack
 ``ending``              how a run ends: finished, or handed back by the pool
 ``outage``              the gate while Redis is unavailable: parked, probing, resuming

@@ -25,6 +25,7 @@ its owner (now, or once Redis answers again), so the next copy need not wait for
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable
 from functools import partial
@@ -100,10 +101,29 @@ class Asking:
         self.reads.claim(d.facts, limits, owner, answered, reserve_ms=reserve_ms)
         return Verdict.READING
 
+    def start(self, d: Delivery, limits: Limits, answered: Callable[[], None]) -> None:
+        """Claim ``d`` in full for a pool process that is free (:mod:`.dispatch`): the
+        attempt counts now and the whole lease begins; ``answered()`` once Redis replies."""
+        self.holding.in_flight.add(d.key)
+        owner = self.claim_keeper.next_owner()
+        sent_at = time.monotonic()  # the batch goes out later: the lease begins after this
+        claimed = partial(self._answered, d, owner, 0, sent_at=sent_at, answered=answered)
+        self.reads.claim(d.facts, limits, owner, claimed, reserve_ms=0)
+
     def _answered(
-        self, d: Delivery, owner: str, reserve_ms: int, answer: Any, exc: BaseException | None
+        self,
+        d: Delivery,
+        owner: str,
+        reserve_ms: int,
+        answer: Any,
+        exc: BaseException | None,
+        sent_at: float = 0.0,
+        answered: Callable[[], None] | None = None,
     ) -> None:
-        """Redis answered the question about ``d`` (``owner``: it was a claim)."""
+        """Redis answered the question about ``d`` (``owner``: it was a claim; ``sent_at``:
+        a claim in full for a free pool process, ``answered()`` told first)."""
+        if answered is not None:
+            answered()
         holding = self.holding
         if d.generation != holding.generation:
             # the consumer restarted: this delivery cannot be acked; a claim made for it
@@ -122,7 +142,7 @@ class Asking:
             return
         try:
             if owner:
-                self._claimed(d, answer, owner, reserve_ms)
+                self._claimed(d, answer, owner, reserve_ms, sent_at)
             else:
                 self.decide(d, decide_gate(answer, d.facts, self.clock()))
         except Exception as error:
@@ -138,7 +158,12 @@ class Asking:
         self.trouble(d, exc)
 
     def _claimed(
-        self, d: Delivery, claim: ClaimDecision, owner: str, reserve_ms: int = RESERVATION_MS
+        self,
+        d: Delivery,
+        claim: ClaimDecision,
+        owner: str,
+        reserve_ms: int = RESERVATION_MS,
+        sent_at: float = 0.0,
     ) -> Verdict:
         """Go on from the gate's claim as the pool would have (:class:`~.run.Run`)."""
         outcome = claim.outcome
@@ -146,7 +171,10 @@ class Asking:
         if outcome is Claim.ACQUIRED:
             if claim.taken_over:
                 self.stats["taken_over"] += 1
-            given = GateClaim(owner, claim.token, claim.attempt, claim.lease_deadline_ms)
+            given = GateClaim(
+                owner, claim.token, claim.attempt, claim.lease_deadline_ms,
+                started=bool(sent_at), sent_at=sent_at,
+            )  # fmt: skip
             self.claim_keeper.reserve(d.key, d.facts, claim.token, reserve_ms)
             return self.run(d, given)
         if outcome is Claim.DEAD_LETTER:  # the pool publishes it, as for its own claim

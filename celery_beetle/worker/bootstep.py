@@ -50,9 +50,8 @@ from celery_beetle.worker.wiring import (
     TwinFilter,
     UnknownTaskHandler,
     WorkerTimer,
-    never,
     no_claims,
-    pool_idle_for,
+    pool_free_for,
 )
 from kombu_beetle.renewal import SameBrokerPublisher
 from kombu_beetle.trace import get_tracer
@@ -110,6 +109,9 @@ class BeetleGateStep(bootsteps.StartStopStep):
         else:
             self.gate.reset()
         self.gate.pause_if_unreachable()  # said now, not at the first delivery
+        hub = getattr(c, "hub", None)
+        if hub is not None and self.gate.pool_free is not None:
+            hub.on_tick.add(self.gate.dispatch.on_tick)  # a set: once, however many starts
         if self.settings.metrics_port is not None and self.metrics_server is None:
             self.metrics_server = self._serve_metrics()
         self.queue_names = {}
@@ -170,6 +172,9 @@ class BeetleGateStep(bootsteps.StartStopStep):
     def close(self, c: Any) -> None:
         """A warm shutdown begins (Celery closes the consumer before its pool finishes)."""
         if self.gate is not None:
+            hub = getattr(c, "hub", None)
+            if hub is not None:  # what waits for a pool process stays unacked, redelivered
+                hub.on_tick.discard(self.gate.dispatch.on_tick)
             self.gate.drain_while_stopping()
 
     def stop(self, c: Any) -> None:
@@ -234,7 +239,7 @@ class BeetleGateStep(bootsteps.StartStopStep):
             worker=getattr(c, "hostname", None),
             reads=reads,
             claims_for=ClaimLimits(c.app) if claims else no_claims,
-            pool_idle=pool_idle_for(c) if settings.claim_in_idle_pool else never,
+            pool_free=pool_free_for(c) if settings.claim_in_idle_pool else None,
             max_deferred=settings.max_deferred,
             max_deferred_bytes=settings.max_deferred_bytes,
             unknown_task_grace_ms=round(settings.unknown_task_grace_s * 1000),

@@ -75,6 +75,9 @@ class GateClaim:
     """What the gate's claim gave the delivery: a lease (``token``, ``attempt``,
     ``deadline_ms``) held by ``owner``, or, with ``dead_letter`` set (the give-up reason),
     a dead letter this delivery is to publish (``attempt``, ``exceptions`` for its headers).
+    ``started``: the claim counted the attempt and set the whole lease, for a pool process
+    that was free, so the body begins without a start; ``sent_at`` (monotonic seconds) is
+    when the claim was sent, which the body's time limits count from.
     """
 
     owner: str
@@ -83,6 +86,8 @@ class GateClaim:
     deadline_ms: int = 0
     dead_letter: str = ""
     exceptions: int = 0
+    started: bool = False
+    sent_at: float = 0.0
 
     def mark(self) -> dict[str, Any]:
         """The fields that are set, for the delivery's headers (the pool reads them back)."""
@@ -93,6 +98,8 @@ class GateClaim:
             ("deadline_ms", self.deadline_ms),
             ("dead_letter", self.dead_letter),
             ("exceptions", self.exceptions),
+            ("started", self.started),
+            ("sent_at", self.sent_at),
         )
         return {name: value for name, value in fields if value}
 
@@ -109,6 +116,8 @@ class GateClaim:
                 deadline_ms=int(value.get("deadline_ms") or 0),
                 dead_letter=str(value.get("dead_letter") or ""),
                 exceptions=int(value.get("exceptions") or 0),
+                started=value.get("started") is True,
+                sent_at=float(value.get("sent_at") or 0.0),
             )
         except (TypeError, ValueError, OverflowError):
             return None

@@ -9,9 +9,9 @@ ever taking a pool slot.
 =================  =====================================================================
 what it finds      verdict (:class:`~.verdict.Verdict`) and what the gate does
 =================  =====================================================================
-nothing, a lease   **run**: hand it to the strategy, holding the gate's reservation (or,
-that ran out, or   after a read, for the pool to claim); a fresh copy that finds a pool
-a retry now due    process free goes on unclaimed, for the pool's claim
+nothing, a lease   **run**: hand it to the strategy on the gate's reservation (or, after
+that ran out, or   a read, for the pool to claim); under prefork a fresh copy waits for a
+a retry now due    free process and is claimed in full for it (:mod:`.dispatch`)
 completed, failed  **duplicate**: ack and drop; a completion here is remembered a minute
 running elsewhere  **deferred**: keep it unacked, widen the prefetch window by one, and
 or delayed         look again on a timer when the lease ends or the retry is due
@@ -34,7 +34,7 @@ Rules:
 - Nothing here imports Celery; the bootstep gives the gate its timer, QoS and strategies.
 
 The gate wires its parts (:mod:`celery_beetle.worker` maps them) and reads as the path of a
-delivery: :meth:`DeliveryGate.handle`, then what it finds, then what it decides.
+delivery: :meth:`DeliveryGate.handle`, what it finds, what it decides.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from celery_beetle.store.state import MessageFacts, Status
 from celery_beetle.worker.asking import Asking
 from celery_beetle.worker.bad_input import BadInput, BadInputs, DeadLetter
 from celery_beetle.worker.deliveries import HELD_MARK, CompletedMemory, Delivery, Ending, QoSLike
+from celery_beetle.worker.dispatch import PoolDispatch
 from celery_beetle.worker.ending import Endings, RunEnding
 from celery_beetle.worker.facts import CLAIM_MARK, FACTS_HEADER, GateClaim, facts_header
 from celery_beetle.worker.gate_claims import ClaimKeeper
@@ -119,8 +120,8 @@ class DeliveryGate:
     completion_retry_s: float = 0.1
     #: ``handing_back(message)``: True while its queue is handed back; requeued, not examined
     handing_back: Callable[[Any], bool] = field(default=lambda message: False)
-    #: ``pool_idle()``: True while a pool process is free; a fresh copy then goes unclaimed
-    pool_idle: Callable[[], bool] = field(default=lambda: False)
+    #: ``pool_free()``: the prefork processes free now (:mod:`.dispatch`); 0 for other pools
+    pool_free: Callable[[], int] | None = None
 
     def __post_init__(self) -> None:
         self.trace = GateTrace(self.tracer, self.worker)
@@ -203,6 +204,14 @@ class DeliveryGate:
             run=self._run,
             trouble=self._trouble,
         )
+        self.dispatch = PoolDispatch(
+            free_processes=lambda: self.pool_free() if self.pool_free else 0,
+            asking=self.asking,
+            holding=self.holding,
+            ready=self._ready_for_the_pool,
+            examine=self._examine,
+            stats=self.stats,
+        )
 
     # -- what the bootstep and the transport call --------------------------------------------
 
@@ -257,12 +266,12 @@ class DeliveryGate:
         return self.outage.pause_if_unreachable()
 
     def reset(self) -> None:
-        """Forget every held delivery: the consumer's connection is going away, so they
-        cannot be acked any more and their brokers will deliver them again."""
+        """Forget every held delivery: the consumer's connection is going away (redelivered)."""
         if self.reads is not None:
             self.reads.close()  # the consumer's restart also empties the event loop
         self.holding.reset()
         self.claim_keeper.reset()
+        self.dispatch.reset()
 
     @property
     def paused(self) -> bool:
@@ -283,8 +292,7 @@ class DeliveryGate:
 
     def _handle(self, message: Any, task_name: str, start: Callable[[Ending], None]) -> Verdict:
         queue = self.queue_of(message)
-        properties = message.properties or {}
-        message_id = properties.get("message_id")
+        message_id = (message.properties or {}).get("message_id")
         scope = scope_of(self.scopes, queue)
         info = message.delivery_info if message.delivery_info is not None else {}
         held = info.pop(HELD_MARK, False)
@@ -317,8 +325,8 @@ class DeliveryGate:
             self.stats["known_completed"] += 1
             return holding.drop(d, Verdict.DUPLICATE, Status.COMPLETED)
         if self.reads is not None:
-            if fresh and self._to_idle_pool(d):
-                return self._run(d)
+            if fresh and self.pool_free and (limits := self._claims_for(d.message, d.task_name)):
+                return self.dispatch.offer(d, limits)
             return self.asking.ask(d)
         try:
             decision = self.store.gate(d.facts)
@@ -326,30 +334,17 @@ class DeliveryGate:
             return self._trouble(d, exc)
         return self._decide(d, decision)
 
-    def _to_idle_pool(self, d: Delivery) -> bool:
-        """Whether ``d`` goes to the pool unclaimed, for the pool's claim: a first delivery
-        of a task the gate would claim, with a pool process free for it.
-
-        A redelivered copy, or one looked at again, is likelier a duplicate.
-        The gate asks Redis first for such a copy, so that it takes no pool slot.
-        """
-        if not self.pool_idle() or self.claims_for(d.message, d.task_name) is None:
-            return False
-        self.stats["to_idle_pool"] += 1
-        return True
-
     def _decide(self, d: Delivery, decision: GateDecision) -> Verdict:
         """Go on from what a read found (:func:`~celery_beetle.store.outcome.decide_gate`)."""
-        holding = self.holding
         if decision.outcome is Found.RUN:
             return self._run(d)
         if decision.outcome is Found.DROP_DUPLICATE:
             if decision.status is Status.COMPLETED:
-                holding.completed.remember(d.key)  # its twin, if it comes here, costs no read
-            return holding.drop(d, Verdict.DUPLICATE, decision.status)
+                self.holding.completed.remember(d.key)  # its twin here then costs no read
+            return self.holding.drop(d, Verdict.DUPLICATE, decision.status)
         if decision.outcome is Found.DROP_EXPIRED:
-            return holding.drop(d, Verdict.EXPIRED)
-        return holding.defer(d, decision.delay_ms, running=decision.status is Status.RUNNING)
+            return self.holding.drop(d, Verdict.EXPIRED)
+        return self.holding.defer(d, decision.delay_ms, running=decision.status is Status.RUNNING)
 
     def _run(self, d: Delivery, claim: GateClaim | None = None) -> Verdict:
         """Hand ``d`` to Celery's strategy, with the gate's claim in its headers if any."""
@@ -395,6 +390,11 @@ class DeliveryGate:
 
     def _claims_for(self, message: Any, task_name: str) -> Limits | None:
         return self.claims_for(message, task_name)
+
+    def _ready_for_the_pool(self, d: Delivery) -> bool:
+        """A delivery that waited for a pool process may be claimed in full as it leaves."""
+        gone = self.outage.paused or self.handing_back(d.message) or d.key in self.holding.completed
+        return not gone and d.facts.expires_at_ms > self.clock()
 
     def _handing_back(self, message: Any) -> bool:
         return self.handing_back(message)  # replaced at runtime by the hand-back step

@@ -3,6 +3,8 @@
 ==================  =======================================================================
 the gate's claim    what the pool does
 ==================  =======================================================================
+in full (started)   **nothing** before the body: the gate claimed it for this free process
+                    (:mod:`.dispatch`), the attempt counted and the full lease begun
 a reservation       **start** as the body begins (one round trip): the attempt counts and
                     the full lease begins; a reservation taken over meanwhile hands the
                     copy back to the gate
@@ -98,8 +100,11 @@ class RunClaim:
             lease = self._start(given) if given is not None else self._claim(owner)
             if current_process().name == "MainProcess":
                 return lease  # solo, threads, gevent: no time limits, a lease keeper
+            sent = self.calls.sent
+            if given is not None and given.started and given.sent_at:
+                sent = min(given.sent_at, waiting)  # the gate's claim set the lease
             counts_from, deadline_ms = time_limits.lease_for_the_body(
-                self.store, self.facts, lease.token, self.limits, self.calls.sent, self.name
+                self.store, self.facts, lease.token, self.limits, sent, self.name
             )
             return replace(lease, deadline_ms=deadline_ms) if deadline_ms else lease
         finally:
@@ -142,11 +147,13 @@ class RunClaim:
         """
         if given.dead_letter:
             self.give_up(given.dead_letter, given.attempt, given.exceptions)
+        gate_completes = self.acks_late and not run_state.on_the_event_loop()
+        if given.started:  # claimed in full for this free process: the attempt is counted
+            return Lease(given.owner, given.token, given.attempt, given.deadline_ms, gate_completes)
         fence = self.calls(
             lambda: self.store.start(self.facts, given.token, self.limits), "start", given.owner
         )
         if fence.ok:
-            gate_completes = self.acks_late and not run_state.on_the_event_loop()
             attempt = fence.attempt or given.attempt
             return Lease(given.owner, given.token, attempt, fence.lease_deadline_ms, gate_completes)
         metrics.pool_claim(Claim.LOCKED.value)

@@ -24,12 +24,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ClaimLimits",
-    "PreforkIdle",
+    "PreforkFree",
     "TwinFilter",
     "UnknownTaskHandler",
     "WorkerTimer",
-    "never",
     "no_claims",
+    "pool_free_for",
 ]
 
 logger = logging.getLogger(__name__)
@@ -76,35 +76,30 @@ def no_claims(message: Any, task_name: str) -> None:
     return None
 
 
-class PreforkIdle:
-    """True while fewer requests are handed to the prefork pool (or on their way) than it has
-    processes. Celery counts a request reserved from the strategy's hand-over until its
-    result is back, so a process is free for sure."""
+class PreforkFree:
+    """How many of the prefork pool's processes are free: its processes less the requests
+    handed to it (Celery counts a request reserved from the strategy's hand-over until its
+    result is back, so those processes are free for sure); 0 while the pool is stopped."""
 
     def __init__(self, pool: Any, reserved: Any) -> None:
         self.pool = pool
         self.reserved = reserved
 
-    def __call__(self) -> bool:
+    def __call__(self) -> int:
         processes = getattr(getattr(self.pool, "_pool", None), "_processes", None)  # None: stopped
-        return isinstance(processes, int) and len(self.reserved) < processes
+        return max(0, processes - len(self.reserved)) if isinstance(processes, int) else 0
 
 
-def never() -> bool:
-    """``pool_idle`` for pools that run the body on the worker's event loop or its threads:
-    the gate claims."""
-    return False
-
-
-def pool_idle_for(consumer: Any) -> Callable[[], bool]:
-    """:class:`PreforkIdle` for a prefork pool; :func:`never` for any other."""
+def pool_free_for(consumer: Any) -> Callable[[], int] | None:
+    """:class:`PreforkFree` for a prefork pool; None for any other (its bodies run on the
+    worker's event loop or its threads, and the gate claims first)."""
     from celery.concurrency.prefork import TaskPool
     from celery.worker import state
 
     pool = getattr(consumer, "pool", None)
     if not isinstance(pool, TaskPool):
-        return never
-    return PreforkIdle(pool, state.reserved_requests)
+        return None
+    return PreforkFree(pool, state.reserved_requests)
 
 
 class TwinFilter:

@@ -539,64 +539,136 @@ def test_a_reservation_is_not_renewed_after_its_worker_let_it_go(h):
     assert h.store.claim(h.facts(), LIMITS, "another", 10_000).acquired  # ran out: free
 
 
-# -- a pool process free: the pool claims (one round trip before the body, not two) ----------
+# -- a prefork pool: fresh deliveries claimed in full as a process comes free -----------------
 
 
-def test_a_fresh_delivery_goes_unclaimed_to_an_idle_pool_and_its_twin_waits_without_a_call(h):
-    h.gate.pool_idle = lambda: True
+class Pool:
+    """The prefork pool as the gate sees it: how many processes are free."""
+
+    def __init__(self, free: int) -> None:
+        self.free = free
+
+    def __call__(self) -> int:
+        return self.free
+
+
+def test_a_fresh_delivery_is_claimed_in_full_for_a_free_process_and_its_twin_waits(h):
+    h.gate.pool_free = Pool(1)
     first, twin = Message(broker="a"), Message(broker="b")
-    assert h.deliver(first) == "run"
+    assert h.deliver(first) == "reading"
     assert h.deliver(twin) == "waiting"
-    assert h.calls.kinds == [], "no call from the gate: the pool claims as the body begins"
+    assert h.calls.kinds == ["claim"], "one call: the claim, in the gate's batch"
+    h.calls.flush()
     ((message, done),) = h.started
-    assert CLAIM_MARK not in message.headers[FACTS_HEADER]
-    assert not h.succeed(message, done), "the pool stored the completion: acked at once"
+    claim = GateClaim.from_mark(message.headers[FACTS_HEADER][CLAIM_MARK])
+    assert claim is not None and claim.started and claim.sent_at > 0
+    assert claim.attempt == 1 and claim.deadline_ms == NOW_MS + LIMITS.lease_timeout_ms
+    record = h.store.peek("jobs", "m1")
+    assert record.status is Status.RUNNING and record.attempts == 1, "the attempt counts now"
+    assert h.succeed(message, done), "the gate stores the completion before the ack"
+    h.calls.flush()
     assert first.acks == 1 and twin.acks == 1
-    assert h.gate.stats["to_idle_pool"] == 1 and h.gate.stats["known_completed"] == 1
+    assert h.calls.kinds == ["claim", "complete"]
+    assert "renew" not in h.calls.kinds, "a full lease needs no renewals"
 
 
-def test_a_redelivered_copy_is_claimed_by_the_gate_even_with_a_pool_process_free(h):
-    h.gate.pool_idle = lambda: True
-    again = Message()
-    again.delivery_info["redelivered"] = True  # likelier a duplicate: no pool slot for it
-    assert h.deliver(again) == "reading"
+def test_fresh_deliveries_wait_unclaimed_in_order_until_a_process_is_free(h):
+    pool = h.gate.pool_free = Pool(1)
+    a, b, c = (Message(message_id=m) for m in ("a", "b", "c"))
+    for message in (a, b, c):
+        assert h.deliver(message) == "reading"
+    assert h.calls.kinds == ["claim"], "one process free: one claim; the others wait"
+    assert h.gate.stats["waiting_for_pool"] == 2
+    h.calls.flush()
+    pool.free = 0  # the strategy handed "a" to the free process
+    h.gate.dispatch.on_tick()
     assert h.calls.kinds == ["claim"]
+    pool.free = 2
+    h.gate.dispatch.on_tick()
+    h.calls.flush()
+    assert [m.properties["message_id"] for m, _ in h.started] == ["a", "b", "c"]
+    assert all(
+        GateClaim.from_mark(m.headers[FACTS_HEADER][CLAIM_MARK]).started for m, _ in h.started
+    )
 
 
-def test_with_every_pool_process_busy_the_gate_claims_first(h):
-    h.gate.pool_idle = lambda: False
-    assert h.deliver(Message()) == "reading"
+def test_a_claim_waiting_for_its_reply_keeps_its_process_promised(h):
+    h.gate.pool_free = Pool(1)
+    h.deliver(Message(message_id="a"))
+    h.deliver(Message(message_id="b"))
+    h.gate.dispatch.on_tick()  # the reply for "a" has not come: its process is not free
     assert h.calls.kinds == ["claim"]
+    h.calls.flush()  # "a" was locked elsewhere, say: no run, the process stays free
+    h.gate.dispatch.on_tick()
+    assert h.calls.kinds == ["claim", "claim"]
 
 
-def test_a_copy_that_failed_in_an_idle_pool_goes_through_the_gate_when_looked_at_again(h):
-    h.gate.pool_idle = lambda: True
+def test_a_delivery_that_waited_while_the_store_went_away_is_parked_not_claimed(h):
+    pool = h.gate.pool_free = Pool(0)
     first, twin = Message(broker="a"), Message(broker="b")
     h.deliver(first)
-    h.deliver(twin)
-    ((_, done),) = h.started
-    done.finished()  # ended without a completion (the pool's claim found it locked elsewhere)
-    h.timer.advance()
-    assert h.calls.kinds == ["claim"], "the woken twin asks Redis, it is not sent unclaimed"
+    assert h.deliver(twin) == "waiting", "its twin waits for it, without a call"
+    h.gate.outage.pause(RedisConnectionError("refused"))
+    pool.free = 1
+    h.gate.dispatch.on_tick()
+    assert h.calls.kinds == [] and h.gate.held == 2, "both held unacked while paused"
 
 
-def test_a_task_the_gate_would_not_claim_is_read_even_with_a_pool_process_free(h):
-    h.gate.pool_idle = lambda: True
+def test_a_consumer_restart_forgets_what_waits_for_a_pool_process(h):
+    pool = h.gate.pool_free = Pool(0)
+    first = Message()
+    h.deliver(first)
+    h.gate.reset()
+    pool.free = 1
+    h.gate.dispatch.on_tick()
+    assert h.calls.kinds == [] and first.acks == 0, "left unacked: the broker delivers it again"
+
+
+def test_a_delivery_whose_message_completed_while_it_waited_is_dropped(h):
+    pool = h.gate.pool_free = Pool(1)
+    h.deliver(Message(message_id="a", broker="a"))
+    late = Message(message_id="b", broker="a")
+    h.deliver(late)  # waits behind "a"
+    h.calls.flush()
+    h.gate.holding.completed.remember(("jobs", "b"))  # its twin completed here meanwhile
+    pool.free = 1
+    h.gate.dispatch.on_tick()
+    assert late.acks == 1 and h.calls.kinds == ["claim"]
+
+
+def test_a_redelivered_copy_gets_a_reservation_even_with_a_process_free(h):
+    h.gate.pool_free = Pool(2)
+    again = Message()
+    again.delivery_info["redelivered"] = True  # likelier a duplicate: asked first
+    assert h.deliver(again) == "reading"
+    h.calls.flush()
+    ((message, _),) = h.started
+    assert not GateClaim.from_mark(message.headers[FACTS_HEADER][CLAIM_MARK]).started
+    assert h.store.peek("jobs", "m1").attempts == 0, "a reservation counts no attempt"
+
+
+def test_a_task_the_gate_would_not_claim_is_read_even_with_a_process_free(h):
+    h.gate.pool_free = Pool(2)
     h.gate.claims_for = lambda message, name: None  # an ETA task, a Redis Cluster
     assert h.deliver(Message(headers={"eta": "2030-01-01T00:00:00"})) == "reading"
     assert h.calls.kinds == ["read"]
 
 
-def test_a_prefork_pool_being_restarted_counts_as_busy():
+def test_a_prefork_pool_counts_its_free_processes_and_none_while_stopped():
     from celery.concurrency.prefork import TaskPool
 
-    from celery_beetle.worker.wiring import pool_idle_for
+    from celery_beetle.worker.wiring import pool_free_for
 
     class Consumer:
         pool = TaskPool.__new__(TaskPool)
 
+    reserved: list[object] = []
     Consumer.pool._pool = None  # stopped, or not started yet
-    idle = pool_idle_for(Consumer())
-    assert idle() is False, "no process to take it: the gate claims first"
+    free = pool_free_for(Consumer())
+    assert free is not None
+    free.reserved = reserved
+    assert free() == 0, "no process to take it: what comes waits"
     Consumer.pool._pool = type("Pool", (), {"_processes": 2})()
-    assert idle() is True
+    assert free() == 2
+    reserved.extend(["r1", "r2", "r3"])
+    assert free() == 0

@@ -164,14 +164,16 @@ def still_to_wait(
 
     - nothing noted since the job was taken (a plain task, a pool process in the main
       process): Celery's limit stands;
-    - the limits count from a noted moment: the limit falls due ``limit_s`` after it;
+    - the limits count from a noted moment: the limit falls due ``limit_s`` after it, or at
+      Celery's own time if that moment came before the job was taken (the gate's claim for
+      a free process: a limit can be put off here, not brought forward);
     - the body still waits on the store: check again soon, for at most ``hard_s`` past the
       limit's due time (a wait that long is not the store's: the limit fires).
     """
     waiting, counts_from = slot
     if waiting < accepted:
         return 0.0
-    if counts_from >= waiting:
+    if counts_from:
         later = counts_from + limit_s - now
         return later if later > _SLACK_S else 0.0
     if now - waiting >= limit_s + hard_s:

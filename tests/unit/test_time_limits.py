@@ -33,6 +33,13 @@ def test_a_limit_counts_from_the_moment_the_lease_was_set():
     assert still_to_wait(100.0, (100.0, 100.001), SOFT, HARD, now=103.0) == 0.0
 
 
+def test_a_limit_counted_from_the_gates_claim_before_the_job_was_taken_fires_on_time():
+    # the gate claimed at 100.0 for a free process, which took the job at 100.1 and noted
+    # its begin at 100.2: the limit is due by then, and fires at Celery's own time
+    assert still_to_wait(100.1, (100.2, 100.0), SOFT, HARD, now=103.1) == 0.0
+    assert still_to_wait(100.1, (100.2, 100.0), SOFT, HARD, now=103.5) == 0.0
+
+
 def test_a_limit_waits_while_the_body_still_waits_on_the_store_but_not_forever():
     assert 0 < still_to_wait(100.0, (100.0, 0.0), SOFT, HARD, now=103.0) <= 0.1
     assert still_to_wait(100.0, (100.0, 0.0), SOFT, HARD, now=100.0 + SOFT + HARD) == 0.0

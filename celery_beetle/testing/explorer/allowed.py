@@ -42,8 +42,9 @@ RULES: dict[str, str] = {
     "`attempts` counts body starts",
     "dead_never_started": "design.md: a claim whose body never began never uses an attempt "
     "(so attempts_limit needs `attempts` starts in the ledger); README: an attempt counts "
-    "once the start is stored, the instant before the body's first line (so one message "
-    "per process killed may be one start short)",
+    "once the start is stored, the instant before the body's first line (under prefork the "
+    "gate's claim for a free process, the hand-over before it), so one message per process "
+    "killed may be one start short",
     "success_dead": 'README "Exactly once": when the body succeeded the gate stores the '
     "completion (a body that returned, in a process nobody killed, is completed)",
     "ran_again": 'README "the inbox": the dedup store runs a body once unless its worker dies '

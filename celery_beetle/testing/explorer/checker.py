@@ -808,8 +808,9 @@ def _on_a_destroyed_broker(scenario: Scenario, item: Item, key: str, ev: Evidenc
 
 
 def _tolerate_start_window(found: list[Violation], ev: Evidence) -> list[Violation]:
-    """An attempt counts once the pool stored the start, the instant before the body's
-    first line (README "Exactly once"): a process killed in that instant used an attempt
+    """An attempt counts once the start is stored, the instant before the body's first line
+    (README "Exactly once"; under prefork the gate's claim for a free process, the hand-over
+    to that process before it): a process killed in that instant used an attempt
     its body never began, and no witness outside the process can tell that instant from
     the body's first line. So one message one start short may be dead-lettered per process
     killed (a worker or a pool process, SIGKILL); more than that is a claim counted as a

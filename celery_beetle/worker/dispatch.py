@@ -17,47 +17,67 @@ Rules:
 - A delivery that waited is looked at again as it leaves: a consumer that restarted drops
   it, and a store that went away parks it.
 - Every other delivery takes the gate's usual path: redelivered copies, copies looked at
-  again, tasks the gate does not claim (an ETA), and any pool but prefork.
+  again, tasks the gate does not claim (an ETA), rate-limited tasks (Celery holds them
+  before the pool), and any pool but prefork.
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable
+from typing import Any, Protocol
 
 from celery_beetle.store.outcome import Limits
 from celery_beetle.worker.asking import Asking
 from celery_beetle.worker.deliveries import Delivery
 from celery_beetle.worker.held import Holding
+from celery_beetle.worker.outage import StoreOutage
 from celery_beetle.worker.verdict import Verdict
 
-__all__ = ["PoolDispatch"]
+__all__ = ["FreeProcesses", "PoolDispatch"]
+
+
+class FreeProcesses(Protocol):
+    """The prefork pool as the gate sees it (:class:`~.wiring.PreforkFree`)."""
+
+    def __call__(self) -> int:
+        """How many processes are free now."""
+
+    def takes(self, task_name: str) -> bool:
+        """Whether a task's fresh deliveries are claimed in full for a free process."""
 
 
 class PoolDispatch:
     """Fresh deliveries waiting for a free prefork process (see the module).
 
-    - ``free_processes()``: the pool's processes not running or holding a request now
-      (0 while the pool is stopped).
-    - ``asking``, ``holding``: the gate's parts that send the claim and hold what waits.
-    - ``ready(d)``: whether a delivery that waited may be claimed in full as it leaves.
-    - ``examine(d)``: the gate's usual look at one that may not.
+    - ``pool()``: the pool's :class:`FreeProcesses`, None for a pool that is not prefork.
+    - ``claims_for(message, task_name)``: the limits to claim with, or None (the gate reads).
+    - ``asking``, ``holding``, ``outage``: the gate's parts that send the claim, hold what
+      waits, and know whether the store is away.
+    - ``handing_back(message)``, ``clock()``: the gate's view of a delivery as it leaves.
+    - ``examine(d)``: the gate's usual look at a delivery that may not be claimed in full.
     """
 
     def __init__(
         self,
         *,
-        free_processes: Callable[[], int],
+        pool: Callable[[], FreeProcesses | None],
+        claims_for: Callable[[Any, str], Limits | None],
         asking: Asking,
         holding: Holding,
-        ready: Callable[[Delivery], bool],
+        outage: StoreOutage,
+        handing_back: Callable[[Any], bool],
+        clock: Callable[[], int],
         examine: Callable[[Delivery], Verdict],
         stats: Counter[str],
     ) -> None:
-        self.free_processes = free_processes
+        self.pool = pool
+        self.claims_for = claims_for
         self.asking = asking
         self.holding = holding
-        self.ready = ready
+        self.outage = outage
+        self.handing_back = handing_back
+        self.clock = clock
         self.examine = examine
         self.stats = stats
         #: (delivery, the limits to claim it with), oldest first
@@ -65,8 +85,15 @@ class PoolDispatch:
         #: claims in full sent and not answered yet: each has a free process promised
         self.starting = 0
 
-    def offer(self, d: Delivery, limits: Limits) -> Verdict:
-        """Claim ``d`` in full now if a process is free, else keep it until one is."""
+    def offer(self, d: Delivery) -> Verdict | None:
+        """Take a fresh delivery: claim it in full now if a process is free, else keep it
+        until one is. None: not one for this path (the gate reserves it or reads)."""
+        pool = self.pool()
+        if pool is None or not pool.takes(d.task_name):
+            return None
+        limits = self.claims_for(d.message, d.task_name)
+        if limits is None:
+            return None
         if not self.waiting and self._free():
             self._start(d, limits)
         else:
@@ -82,7 +109,7 @@ class PoolDispatch:
             if d.generation != self.holding.generation:
                 continue  # its consumer restarted: the broker delivers it again
             self.holding.in_flight.discard(d.key)
-            if self.ready(d):
+            if self._ready(d):
                 self._start(d, limits)
             else:
                 self._look_again(d)
@@ -93,7 +120,13 @@ class PoolDispatch:
         self.starting = 0
 
     def _free(self) -> bool:
-        return self.free_processes() - self.starting > 0
+        pool = self.pool()
+        return pool is not None and pool() - self.starting > 0
+
+    def _ready(self, d: Delivery) -> bool:
+        """Whether a delivery that waited may be claimed in full as it leaves."""
+        gone = self.outage.paused or self.handing_back(d.message) or d.key in self.holding.completed
+        return not gone and d.facts.expires_at_ms > self.clock()
 
     def _start(self, d: Delivery, limits: Limits) -> None:
         self.starting += 1

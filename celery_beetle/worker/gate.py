@@ -53,7 +53,7 @@ from celery_beetle.store.state import MessageFacts, Status
 from celery_beetle.worker.asking import Asking
 from celery_beetle.worker.bad_input import BadInput, BadInputs, DeadLetter
 from celery_beetle.worker.deliveries import HELD_MARK, CompletedMemory, Delivery, Ending, QoSLike
-from celery_beetle.worker.dispatch import PoolDispatch
+from celery_beetle.worker.dispatch import FreeProcesses, PoolDispatch
 from celery_beetle.worker.ending import Endings, RunEnding
 from celery_beetle.worker.facts import CLAIM_MARK, FACTS_HEADER, GateClaim, facts_header
 from celery_beetle.worker.gate_claims import ClaimKeeper
@@ -120,8 +120,8 @@ class DeliveryGate:
     completion_retry_s: float = 0.1
     #: ``handing_back(message)``: True while its queue is handed back; requeued, not examined
     handing_back: Callable[[Any], bool] = field(default=lambda message: False)
-    #: ``pool_free()``: the prefork processes free now (:mod:`.dispatch`); 0 for other pools
-    pool_free: Callable[[], int] | None = None
+    #: the prefork processes free now, and the tasks claimed in full for one (:mod:`.dispatch`)
+    pool_free: FreeProcesses | None = None
 
     def __post_init__(self) -> None:
         self.trace = GateTrace(self.tracer, self.worker)
@@ -205,10 +205,13 @@ class DeliveryGate:
             trouble=self._trouble,
         )
         self.dispatch = PoolDispatch(
-            free_processes=lambda: self.pool_free() if self.pool_free else 0,
+            pool=lambda: self.pool_free,
+            claims_for=self._claims_for,
             asking=self.asking,
             holding=self.holding,
-            ready=self._ready_for_the_pool,
+            outage=self.outage,
+            handing_back=self._handing_back,
+            clock=self.clock,
             examine=self._examine,
             stats=self.stats,
         )
@@ -325,8 +328,8 @@ class DeliveryGate:
             self.stats["known_completed"] += 1
             return holding.drop(d, Verdict.DUPLICATE, Status.COMPLETED)
         if self.reads is not None:
-            if fresh and self.pool_free and (limits := self._claims_for(d.message, d.task_name)):
-                return self.dispatch.offer(d, limits)
+            if fresh and (verdict := self.dispatch.offer(d)) is not None:
+                return verdict
             return self.asking.ask(d)
         try:
             decision = self.store.gate(d.facts)
@@ -390,11 +393,6 @@ class DeliveryGate:
 
     def _claims_for(self, message: Any, task_name: str) -> Limits | None:
         return self.claims_for(message, task_name)
-
-    def _ready_for_the_pool(self, d: Delivery) -> bool:
-        """A delivery that waited for a pool process may be claimed in full as it leaves."""
-        gone = self.outage.paused or self.handing_back(d.message) or d.key in self.holding.completed
-        return not gone and d.facts.expires_at_ms > self.clock()
 
     def _handing_back(self, message: Any) -> bool:
         return self.handing_back(message)  # replaced at runtime by the hand-back step

@@ -79,18 +79,31 @@ def no_claims(message: Any, task_name: str) -> None:
 class PreforkFree:
     """How many of the prefork pool's processes are free: its processes less the requests
     handed to it (Celery counts a request reserved from the strategy's hand-over until its
-    result is back, so those processes are free for sure); 0 while the pool is stopped."""
+    result is back, so those processes are free for sure); 0 while the pool is stopped.
 
-    def __init__(self, pool: Any, reserved: Any) -> None:
+    :meth:`takes` says which tasks the gate claims in full for a free process: not one with
+    a rate limit, which Celery holds in a token bucket before it reserves the request, so
+    a lease and an attempt would begin long before the body."""
+
+    def __init__(self, pool: Any, reserved: Any, app: Any = None) -> None:
         self.pool = pool
         self.reserved = reserved
+        self.app = app
+        self._rate_limited: dict[str, bool] = {}
 
     def __call__(self) -> int:
         processes = getattr(getattr(self.pool, "_pool", None), "_processes", None)  # None: stopped
         return max(0, processes - len(self.reserved)) if isinstance(processes, int) else 0
 
+    def takes(self, task_name: str) -> bool:
+        limited = self._rate_limited.get(task_name)
+        if limited is None:
+            task = self.app.tasks.get(task_name) if self.app is not None else None
+            limited = self._rate_limited[task_name] = bool(getattr(task, "rate_limit", None))
+        return not limited
 
-def pool_free_for(consumer: Any) -> Callable[[], int] | None:
+
+def pool_free_for(consumer: Any) -> PreforkFree | None:
     """:class:`PreforkFree` for a prefork pool; None for any other (its bodies run on the
     worker's event loop or its threads, and the gate claims first)."""
     from celery.concurrency.prefork import TaskPool
@@ -99,7 +112,7 @@ def pool_free_for(consumer: Any) -> Callable[[], int] | None:
     pool = getattr(consumer, "pool", None)
     if not isinstance(pool, TaskPool):
         return None
-    return PreforkFree(pool, state.reserved_requests)
+    return PreforkFree(pool, state.reserved_requests, getattr(consumer, "app", None))
 
 
 class TwinFilter:

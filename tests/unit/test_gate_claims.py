@@ -543,13 +543,18 @@ def test_a_reservation_is_not_renewed_after_its_worker_let_it_go(h):
 
 
 class Pool:
-    """The prefork pool as the gate sees it: how many processes are free."""
+    """The prefork pool as the gate sees it: how many processes are free, and which tasks
+    are claimed in full for one."""
 
-    def __init__(self, free: int) -> None:
+    def __init__(self, free: int, rate_limited: frozenset[str] = frozenset()) -> None:
         self.free = free
+        self.rate_limited = rate_limited
 
     def __call__(self) -> int:
         return self.free
+
+    def takes(self, task_name: str) -> bool:
+        return task_name not in self.rate_limited
 
 
 def test_a_fresh_delivery_is_claimed_in_full_for_a_free_process_and_its_twin_waits(h):
@@ -647,6 +652,14 @@ def test_a_redelivered_copy_gets_a_reservation_even_with_a_process_free(h):
     assert h.store.peek("jobs", "m1").attempts == 0, "a reservation counts no attempt"
 
 
+def test_a_rate_limited_task_gets_a_reservation_as_celery_holds_it_before_the_pool(h):
+    h.gate.pool_free = Pool(2, rate_limited=frozenset({"t.beetle"}))
+    assert h.deliver(Message()) == "reading"
+    h.calls.flush()
+    ((message, _),) = h.started
+    assert not GateClaim.from_mark(message.headers[FACTS_HEADER][CLAIM_MARK]).started
+
+
 def test_a_task_the_gate_would_not_claim_is_read_even_with_a_process_free(h):
     h.gate.pool_free = Pool(2)
     h.gate.claims_for = lambda message, name: None  # an ETA task, a Redis Cluster
@@ -672,3 +685,20 @@ def test_a_prefork_pool_counts_its_free_processes_and_none_while_stopped():
     assert free() == 2
     reserved.extend(["r1", "r2", "r3"])
     assert free() == 0
+
+
+def test_a_rate_limited_task_is_not_claimed_in_full_for_a_free_process():
+    from celery import Celery
+
+    from celery_beetle.worker.wiring import PreforkFree
+
+    app = Celery("t", set_as_current=False)
+
+    @app.task(name="t.limited", rate_limit="10/s")
+    def limited() -> None: ...
+
+    @app.task(name="t.free")
+    def free() -> None: ...
+
+    pool = PreforkFree(None, [], app)
+    assert not pool.takes("t.limited") and pool.takes("t.free")

@@ -110,6 +110,10 @@ class Asking:
         claimed = partial(self._answered, d, owner, 0, sent_at=sent_at, answered=answered)
         self.reads.claim(d.facts, limits, owner, claimed, reserve_ms=0)
 
+    def send_now(self) -> None:
+        """Write the claims asked so far without waiting for the loop's next pass."""
+        self.reads.write_now()
+
     def _answered(
         self,
         d: Delivery,

@@ -103,9 +103,12 @@ class PoolDispatch:
         return Verdict.READING
 
     def on_tick(self) -> None:
-        """Each pass of the event loop: claim what waits, one per free process."""
+        """Each pass of the event loop: claim what waits, one per free process. The claims
+        go out at once: the tick runs as the loop is about to wait for events."""
+        took = False
         while self.waiting and self._free():
             d, limits = self.waiting.popleft()
+            took = True
             if d.generation != self.holding.generation:
                 continue  # its consumer restarted: the broker delivers it again
             self.holding.in_flight.discard(d.key)
@@ -113,6 +116,8 @@ class PoolDispatch:
                 self._start(d, limits)
             else:
                 self._look_again(d)
+        if took:
+            self.asking.send_now()
 
     def reset(self) -> None:
         """Forget what waits: the consumer's connection is going away."""

@@ -140,6 +140,13 @@ class PipelinedReads:
             self._flush_scheduled = True
             self.hub.call_soon(self._flush)
 
+    def write_now(self) -> None:
+        """Write the calls queued so far now, not at the next loop pass. For callers on the
+        hub's tick: it runs just before the loop waits for events, so a batch queued there
+        would wait for the next event, whatever it is, before it went out."""
+        if self._queued:
+            self._flush()
+
     @property
     def pending(self) -> int:
         return len(self._queued) + len(self._pending)

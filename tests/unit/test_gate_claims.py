@@ -38,6 +38,8 @@ class Calls:
         self.kinds: list[str] = []
         self.after_batch: Callable[[], None] = lambda: None
         self.in_batch = False
+        #: how many times the gate asked for the queued calls to be written at once
+        self.written_now = 0
 
     def read(self, facts: MessageFacts, callback: Any) -> None:
         self.kinds.append("read")
@@ -61,6 +63,9 @@ class Calls:
 
     def close(self) -> None:
         self.flush(RedisConnectionError("closed"))
+
+    def write_now(self) -> None:
+        self.written_now += 1
 
     def flush(self, error: BaseException | None = None) -> None:
         queued, self.queued = self.queued, []
@@ -590,6 +595,7 @@ def test_fresh_deliveries_wait_unclaimed_in_order_until_a_process_is_free(h):
     assert h.calls.kinds == ["claim"]
     pool.free = 2
     h.gate.dispatch.on_tick()
+    assert h.calls.written_now == 1, "claimed on the loop's tick: written before it waits"
     h.calls.flush()
     assert [m.properties["message_id"] for m, _ in h.started] == ["a", "b", "c"]
     assert all(

@@ -105,6 +105,13 @@ class PoolDispatch:
     def on_tick(self) -> None:
         """Each pass of the event loop: claim what waits, one per free process. The claims
         go out at once: the tick runs as the loop is about to wait for events."""
+        if self.pump():
+            self.asking.send_now()
+
+    def pump(self) -> bool:
+        """Claim what waits, one per free process, in the next batch; True if any waited.
+        Also called as a run ends, so that the claim for its process joins the batch of
+        the run's completion instead of waiting for the loop's tick."""
         took = False
         while self.waiting and self._free():
             d, limits = self.waiting.popleft()
@@ -116,8 +123,7 @@ class PoolDispatch:
                 self._start(d, limits)
             else:
                 self._look_again(d)
-        if took:
-            self.asking.send_now()
+        return took
 
     def reset(self) -> None:
         """Forget what waits: the consumer's connection is going away."""

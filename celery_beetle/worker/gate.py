@@ -240,9 +240,11 @@ class DeliveryGate:
     def complete_before_ack(
         self, message: Any, ack: Callable[[], None], requeue: Callable[[], None] | None = None
     ) -> bool:
-        """Store the completion of a run on the gate's claim, then ``ack()``; True if so
-        (:meth:`~.gate_claims.ClaimKeeper.complete_before_ack`)."""
-        return self.claim_keeper.complete_before_ack(message, ack, requeue)
+        """Store the completion of a run on the gate's claim (:mod:`.gate_claims`), then
+        ``ack()``; True if so. Its process is free: the next claim joins the batch."""
+        storing = self.claim_keeper.complete_before_ack(message, ack, requeue)
+        self.dispatch.pump()
+        return storing
 
     def drain_while_stopping(self) -> None:
         """A warm shutdown began (:meth:`~.ClaimKeeper.drain_while_stopping`)."""

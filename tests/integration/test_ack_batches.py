@@ -66,6 +66,29 @@ def test_acks_on_the_event_loop_settle_every_copy_in_fewer_writes_than_acks(brok
         hub.close()
 
 
+def test_an_ack_that_frees_a_full_prefetch_window_is_written_at_once(brokers, connect):
+    conn = connect(brokers.url_for(0))
+    producer = conn.Producer()
+    for n in range(3):
+        producer.publish({"n": n}, routing_key="jobs", declare=[Queue("jobs", durable=True)])
+    seen: list[Delivery] = []
+    consumer = Consumer(
+        conn.channel(), [Queue("jobs", durable=True)], callbacks=[lambda b, m: seen.append(m)]
+    )
+    consumer.qos(prefetch_count=1)
+    consumer.consume()
+    hub = Hub()
+    conn.transport.register_with_event_loop(conn.connection, hub)
+    try:
+        for n in range(1, 4):
+            assert _run_until(hub, lambda n=n: len(seen) == n, 10), "the next came after the ack"
+            assert len(seen) == n, "a window of one: never two at once"
+            seen[-1].ack()
+            assert not conn.connection.ack_batcher.pending(seen[-1].channel), "written at once"
+    finally:
+        hub.close()
+
+
 def test_a_delivery_held_on_the_event_loop_is_not_settled_by_a_multiple_ack(brokers, connect):
     held: list[Delivery] = []
     seen: list[Delivery] = []
@@ -107,7 +130,7 @@ def test_a_drain_on_the_event_loops_thread_writes_the_batch_and_does_not_wait(br
     consumer = Consumer(
         conn.channel(), [Queue("jobs", durable=True)], callbacks=[lambda b, m: seen.append(m)]
     )
-    consumer.qos(prefetch_count=1)
+    consumer.qos(prefetch_count=2)  # a window of one would be full: its ack goes at once
     consumer.consume()
     hub = Hub()
     conn.transport.register_with_event_loop(conn.connection, hub)

@@ -164,6 +164,43 @@ def test_the_frame_lock_is_found_in_py_amqps_frame_writer_from_5_4() -> None:
     assert frame_lock(object()) is None
 
 
+@pytest.mark.parametrize("limit", ["channel_limit", "consumer_limit"])
+def test_acks_are_written_at_once_when_the_prefetch_window_is_full(limit: str) -> None:
+    """The window is full of acks waiting: the worker has nothing else of the channel, and the
+    broker sends nothing more until an ack comes (with a window of one, every ack)."""
+    from kombu_beetle.prefetch import WireWindow
+
+    conn = _Conn()
+    channel = _Channel(conn)
+    channel.beetle_window = WireWindow(**{limit: 2})  # type: ignore[attr-defined]
+    channel.beetle_unsettled.received(1)
+    batcher, soon = _batcher()
+    batcher.add(channel, 1)
+    assert conn.transport.writes == [], "one of two slots taken: the ack waits for company"
+    channel.beetle_unsettled.received(2)
+    batcher.add(channel, 2)
+    assert conn.transport.writes == [ack_frame(1, 2, True)], "the window is full: both go now"
+    soon.pop()()  # the timer finds nothing left
+    assert len(conn.transport.writes) == 1
+
+
+def test_acks_wait_in_a_full_prefetch_window_while_a_delivery_of_it_is_still_held() -> None:
+    """A busy worker: the window is full, but the delivery still held is work to do, and
+    acks that wait a moment for company cost its broker fewer wake-ups."""
+    from kombu_beetle.prefetch import WireWindow
+
+    conn = _Conn()
+    channel = _Channel(conn)
+    channel.beetle_window = WireWindow(channel_limit=2)  # type: ignore[attr-defined]
+    for tag in (1, 2):
+        channel.beetle_unsettled.received(tag)
+    batcher, soon = _batcher()
+    batcher.add(channel, 2)
+    assert conn.transport.writes == [], "1 is still held"
+    soon.pop()()
+    assert conn.transport.writes == [ack_frame(1, 2)]
+
+
 def test_acks_are_written_at_once_when_many_wait() -> None:
     from kombu_beetle.acks import ACK_BATCH_MAX
 

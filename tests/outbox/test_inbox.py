@@ -115,6 +115,22 @@ class InboxRun:
     def kills(self) -> int:
         return len(list(self.crashes.iterdir()))
 
+    def why_not_done(self, ids: list[str], missing: set[int]) -> str:
+        """For a failure: each missing item's record in the store, its crash, and the end of
+        the worker's log, so that a rare failure can be read without a rerun."""
+        from celery_beetle.settings import BeetleSettings
+        from celery_beetle.store import RedisStore
+
+        store = RedisStore.from_settings(BeetleSettings.from_app(self.app))
+        crashed = {path.name for path in self.crashes.iterdir()}
+        lines = [
+            f"  item {item}: {store.peek('celery', ids[item])!r}; crashed: {str(item) in crashed}"
+            for item in sorted(missing)[:10]
+        ]
+        logs = sorted(self.base.glob("worker*.log"))
+        tail = logs[-1].read_text(errors="replace").splitlines()[-40:] if logs else []
+        return "\n".join([*lines, "worker log, last lines:", *tail])
+
     def stop(self) -> None:
         if self.worker is not None:
             self.worker.stop()
@@ -142,9 +158,11 @@ def test_a_worker_killed_right_after_its_commit_again_and_again_leaves_each_effe
     ids = run.publish("eo.effect", messages)
     everything = set(range(messages))
     timeout = max(50, messages / 5)
-    assert wait_until(lambda: set(run.events("done", "skip")) >= everything, timeout=timeout), (
-        f"{len(everything - set(run.events('done', 'skip')))} not done; {run.kills()} kills"
-    )
+    if not wait_until(lambda: set(run.events("done", "skip")) >= everything, timeout=timeout):
+        missing = everything - set(run.events("done", "skip"))
+        pytest.fail(
+            f"{len(missing)} not done; {run.kills()} kills\n{run.why_not_done(ids, missing)}"
+        )
     run.stop()
     flush_all()
     kills = run.kills()

@@ -29,6 +29,8 @@ from celery_beetle.outbox import inbox
 from celery_beetle.outbox.db import engine_for
 from celery_beetle.outbox.relay import Relay
 from celery_beetle.outbox.table import INBOX
+from celery_beetle.settings import BeetleSettings
+from celery_beetle.store import RedisStore
 from celery_beetle.testing.waiting import wait_until
 from celery_beetle.testing.worker import WorkerProcess
 from tests.chaos.run import FAST, TASK_OPTIONS
@@ -95,12 +97,13 @@ class InboxRun:
 
         return [stub.delay(item).id for item in range(count)]
 
+    def store(self) -> RedisStore:
+        """The dedup store the workers use."""
+        return RedisStore.from_settings(BeetleSettings.from_app(self.app))
+
     def stored_statuses(self, message_ids: list[str]) -> Counter[str]:
         """What the dedup store holds for each message (``completed`` once each ran)."""
-        from celery_beetle.settings import BeetleSettings
-        from celery_beetle.store import RedisStore
-
-        store = RedisStore.from_settings(BeetleSettings.from_app(self.app))
+        store = self.store()
         states = [store.peek("celery", message_id) for message_id in message_ids]
         return Counter(state.status.name.lower() if state else "none" for state in states)
 
@@ -118,10 +121,7 @@ class InboxRun:
     def why_not_done(self, ids: list[str], missing: set[int]) -> str:
         """For a failure: each missing item's record in the store, its crash, and the end of
         the worker's log, so that a rare failure can be read without a rerun."""
-        from celery_beetle.settings import BeetleSettings
-        from celery_beetle.store import RedisStore
-
-        store = RedisStore.from_settings(BeetleSettings.from_app(self.app))
+        store = self.store()
         crashed = {path.name for path in self.crashes.iterdir()}
         lines = [
             f"  item {item}: {store.peek('celery', ids[item])!r}; crashed: {str(item) in crashed}"

@@ -4,6 +4,7 @@ never settles it."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -143,5 +144,46 @@ def test_a_drain_on_the_event_loops_thread_writes_the_batch_and_does_not_wait(br
             conn.drain_events(timeout=1.0)
         assert time.monotonic() - began < 0.5  # it handled what had arrived: nothing
         assert brokers.queue_depths(0)[0].get("jobs") == (0, 0)  # (ready, unacked)
+    finally:
+        hub.close()
+
+
+def test_an_ack_written_at_once_to_a_broken_connection_fails_its_broker_not_the_caller(
+    brokers, connect
+):
+    """The immediate write of a full window's ack meets a connection that just broke: its
+    broker is marked down (the caller's ``ack`` returns), the connection comes back, and
+    the broker, which never got the ack, delivers the message again to be settled."""
+    conn = connect(brokers.url_for(0, 1), redundant_queues="jobs")
+    conn.Producer().publish(
+        {"n": 1}, routing_key="jobs", message_id="m1", declare=[Queue("jobs", durable=True)]
+    )
+    seen: list[Delivery] = []
+    consumer = Consumer(
+        conn.channel(), [Queue("jobs", durable=True)], callbacks=[lambda b, m: seen.append(m)]
+    )
+    consumer.qos(prefetch_count=1)  # a window of one: its ack is written at once
+    consumer.consume()
+    hub = Hub()
+    conn.transport.register_with_event_loop(conn.connection, hub)
+    try:
+        assert _run_until(hub, lambda: len(seen) == 2, 10), "a copy from each broker"
+        first = seen[0]
+        link = first.channel.beetle_link
+        generation = link.generation
+        link.conn.transport.sock.shutdown(socket.SHUT_WR)  # the next write raises
+        first.ack()  # written at once: the write fails, and it fails the link
+        assert not link.alive
+        assert not conn.connection.ack_batcher.pending(first.channel)
+        seen[1].ack()  # the other broker's copy, on a healthy connection
+        assert _run_until(hub, lambda: link.alive and link.generation > generation, 15)
+        assert _run_until(hub, lambda: len(seen) == 3, 15), "the unacked copy came back"
+        assert seen[2].channel.beetle_link is link
+        seen[2].ack()
+        deadline = time.monotonic() + 20
+        while _depths(brokers) != [(0, 0), (0, 0)] and time.monotonic() < deadline:
+            hub.run_once()
+            time.sleep(0.2)
+        assert _depths(brokers) == [(0, 0), (0, 0)]
     finally:
         hub.close()

@@ -79,3 +79,39 @@ def test_a_task_that_returns_during_a_warm_shutdown_is_completed_before_its_leas
     workers = [leaving, staying]
     assert wait_until(lambda: celery_queue_empty(brokers), timeout=60), brokers.queue_depths()
     assert counts(workers, "start") == {0: 1, 1: 1, 2: 1}, leaving.log_text()[-3000:]
+
+
+@pytest.mark.timeout(300)
+def test_redis_failing_while_a_warm_shutdown_stores_completions_leaves_each_body_run_once(
+    brokers, redis_aof, client, eo_worker
+):
+    """Redis dies in the middle of a deploy's warm shutdown: bodies return one by one, the
+    first completions are stored as they come, the next meet the outage, and Redis is back
+    before the last body returns. The worker stores every completion owed before it lets
+    its deliveries go, so the next worker runs none of them again."""
+    app = client(task_options=DEFAULTS)
+    options = {"task_options": DEFAULTS, "redis": redis_aof.url}
+    options["pool"], options["concurrency"] = "threads", 6
+    worker = eo_worker(**options)
+    items = list(range(6))
+    for item in items:
+        app.tasks["eo.record"].delay(item, 1.5 + item)  # returning 1 s apart
+    assert wait_until(lambda: len(counts([worker], "start")) == len(items), timeout=60)
+    stopping = threading.Thread(target=worker.stop, kwargs={"timeout": 90})
+    stopping.start()  # a deploy: SIGTERM while the six bodies run
+    assert wait_until(lambda: len(counts([worker])) >= 1, timeout=10), "a body returned"
+    redis_aof.kill()  # during the shutdown's stores: the next bodies return into an outage
+    time.sleep(2.5)
+    assert worker.alive(), "the worker waits for the store before it lets its deliveries go"
+    redis_aof.start()
+    stopping.join()
+    assert set(counts([worker])) == set(items), "every body returned in the leaving worker"
+    successor = eo_worker(**options)
+    workers = [worker, successor]
+    assert wait_until(lambda: celery_queue_empty(brokers), timeout=60), (
+        "a copy whose body returned during the shutdown was not found completed\n"
+        + worker.log_text()[-3000:]
+    )
+    starts = counts(workers, "start")
+    assert all(starts[i] == 1 for i in items), {i: n for i, n in starts.items() if n != 1}
+    assert stored_dead_letters(brokers) == 0, "no dead letter the tasks did not cause"

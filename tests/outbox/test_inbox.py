@@ -162,8 +162,12 @@ def test_a_worker_killed_right_after_its_commit_again_and_again_leaves_each_effe
         return set(run.events("done", "skip"))
 
     # how long the kills take depends on the machine's load: only a run that stops
-    # finishing items for longer than a killed run's lease and retry has failed
-    if not wait_while_progressing(lambda: finished() >= everything, lambda: len(finished())):
+    # finishing items for longer than a killed run's lease and retry has failed (the cap
+    # leaves the report its time inside the test's own timeout)
+    cap = max(240, messages / 5)
+    if not wait_while_progressing(
+        lambda: finished() >= everything, lambda: len(finished()), timeout=cap
+    ):
         missing = everything - finished()
         pytest.fail(
             f"{len(missing)} not done; {run.kills()} kills\n{run.why_not_done(ids, missing)}"

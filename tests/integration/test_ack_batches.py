@@ -45,6 +45,20 @@ def _depths(brokers) -> list[tuple[int, int]]:  # type: ignore[no-untyped-def]
     return [depths.get("jobs", (-1, -1)) for depths in brokers.queue_depths(0, 1)]
 
 
+#: the queue's (ready, unacked) on each broker: every copy settled
+SETTLED = [(0, 0), (0, 0)]
+
+
+def _depths_when(hub: Hub, brokers, want: list[tuple[int, int]]):  # type: ignore[no-untyped-def]
+    """The queue's (ready, unacked) on each broker once they are ``want``, running ``hub``
+    meanwhile (the brokers' counts lag their acks), or as they are after 20 s."""
+    deadline = time.monotonic() + 20
+    while _depths(brokers) != want and time.monotonic() < deadline:
+        hub.run_once()
+        time.sleep(0.2)
+    return _depths(brokers)
+
+
 def test_acks_on_the_event_loop_settle_every_copy_in_fewer_writes_than_acks(brokers, connect):
     seen: list[Delivery] = []
 
@@ -57,11 +71,7 @@ def test_acks_on_the_event_loop_settle_every_copy_in_fewer_writes_than_acks(brok
         assert _run_until(hub, lambda: len(seen) == 2 * COUNT, 20), len(seen)
         batcher = conn.connection.ack_batcher
         assert _run_until(hub, lambda: not batcher._pending, 5)
-        deadline = time.monotonic() + 20
-        while _depths(brokers) != [(0, 0), (0, 0)] and time.monotonic() < deadline:
-            hub.run_once()
-            time.sleep(0.2)
-        assert _depths(brokers) == [(0, 0), (0, 0)]
+        assert _depths_when(hub, brokers, SETTLED) == SETTLED
         assert batcher.writes > 0 and batcher.frames < 2 * COUNT, (batcher.writes, batcher.frames)
     finally:
         hub.close()
@@ -104,18 +114,11 @@ def test_a_delivery_held_on_the_event_loop_is_not_settled_by_a_multiple_ack(brok
     _, hub = _consumer_on_a_hub(brokers, connect, on_message)
     try:
         assert _run_until(hub, lambda: len(seen) == 2 * COUNT, 20), len(seen)
-        deadline = time.monotonic() + 20
-        while _depths(brokers) != [(0, 1), (0, 1)] and time.monotonic() < deadline:
-            hub.run_once()
-            time.sleep(0.2)
-        assert _depths(brokers) == [(0, 1), (0, 1)]  # the held copies, one per broker
+        held_copies = [(0, 1), (0, 1)]  # one per broker
+        assert _depths_when(hub, brokers, held_copies) == held_copies
         for message in held:
             message.ack()
-        deadline = time.monotonic() + 20
-        while _depths(brokers) != [(0, 0), (0, 0)] and time.monotonic() < deadline:
-            hub.run_once()
-            time.sleep(0.2)
-        assert _depths(brokers) == [(0, 0), (0, 0)]
+        assert _depths_when(hub, brokers, SETTLED) == SETTLED
     finally:
         hub.close()
 
@@ -180,10 +183,6 @@ def test_an_ack_written_at_once_to_a_broken_connection_fails_its_broker_not_the_
         assert _run_until(hub, lambda: len(seen) == 3, 15), "the unacked copy came back"
         assert seen[2].channel.beetle_link is link
         seen[2].ack()
-        deadline = time.monotonic() + 20
-        while _depths(brokers) != [(0, 0), (0, 0)] and time.monotonic() < deadline:
-            hub.run_once()
-            time.sleep(0.2)
-        assert _depths(brokers) == [(0, 0), (0, 0)]
+        assert _depths_when(hub, brokers, SETTLED) == SETTLED
     finally:
         hub.close()

@@ -155,10 +155,14 @@ class MemoryDedup(bootsteps.StartStopStep):
         c.strategies["bench.plain"] = first_copy_only
 
 
+#: the tasks whose second copy ``TransportDedup`` drops
+_DROPPED_TWICE = frozenset({"bench.plain", "bench.claimed"})
+
+
 class TransportDedup(bootsteps.StartStopStep):
     """The ceiling of dropping the second copy in the transport, before kombu makes a
     Message of it (``beetle://``'s delivery filter, the hook the gate uses): ``bench.plain``
-    delivered twice, the second copy acked on an in-memory set. Only with
+    (or ``bench.claimed``) delivered twice, the second copy acked on an in-memory set. Only with
     ``BENCH_TRANSPORT_DEDUP=1``. It starts after beetle's gate, which sets its own filter
     for the tasks it gates, and hands every other task's deliveries to that one."""
 
@@ -172,7 +176,7 @@ class TransportDedup(bootsteps.StartStopStep):
 
         def second_copy_dropped(raw: Any, tag: str, deliver: Any) -> bool:
             headers = raw.properties.get("application_headers")
-            if not isinstance(headers, dict) or headers.get("task") != "bench.plain":
+            if not isinstance(headers, dict) or headers.get("task") not in _DROPPED_TWICE:
                 return bool(gate_filter(raw, tag, deliver)) if gate_filter else False
             message_id = raw.properties.get("message_id")
             if message_id not in seen:

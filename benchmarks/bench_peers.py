@@ -10,6 +10,9 @@ starts:
 - **quorum**: plain Celery on a local three-node cluster, quorum queues (the peer);
 - **floor**: a plain task published to two brokers, the second copy dropped in the
   transport from a memory set, no Redis (the least any two-copy design costs);
+- **claimed**: the floor, and one Redis round trip before each body (``SET NX`` from the
+  pool process): the least a design that claims before the body costs, and so the most
+  tasks/s one round trip to Redis per task allows on this machine;
 - **beetle**: a BeetleTask on ``beetle://`` over two brokers, deduplicated in Redis.
 
 Printed per body (``--bodies``, ms): tasks/s (first run to last), publish/s (one confirmed
@@ -48,11 +51,12 @@ from benchmarks import _peer_probes as probes  # noqa: E402
 from benchmarks import _profile, bench_exactly_once  # noqa: E402
 from benchmarks._cpu import CpuMeter, listener_pid  # noqa: E402
 
-KINDS = ("plain", "quorum", "floor", "beetle")
+KINDS = ("plain", "quorum", "floor", "claimed", "beetle")
 LABELS = {
     "plain": "plain Celery, 1 classic broker",
     "quorum": "plain Celery, 3-node quorum",
     "floor": "2 copies, no dedup (floor)",
+    "claimed": "floor + a claim before each body",
     "beetle": "BeetleTask, 2 brokers",
 }
 
@@ -201,7 +205,7 @@ def report(results: dict[float, dict[str, Figures]], latency_ms: float) -> None:
 
 
 def targets(body: float, by_kind: dict[str, Figures], latency_ms: float) -> None:
-    plain, quorum, floor, beetle = (by_kind.get(k) for k in KINDS)
+    plain, quorum, floor, claimed, beetle = (by_kind.get(k) for k in KINDS)
     if not (plain and quorum and beetle):
         return
     rate = _med(beetle.rate)
@@ -214,6 +218,14 @@ def targets(body: float, by_kind: dict[str, Figures], latency_ms: float) -> None
         f"(target >= {0.95 if latency_ms else 1.0}), CPU/task {b_all / q_all:.2f} "
         f"(consuming only {b_consume / q_consume:.2f}; target <= 0.7)"
     )
+    if claimed:
+        c_rate, c_all = _med(claimed.rate), totals(claimed)[1]
+        print(
+            f"  with a claim before each body, at best (floor + a claim): tasks/s "
+            f"{c_rate / _med(quorum.rate):.2f} of quorum's, CPU/task {c_all / q_all:.2f} of "
+            f"quorum's and {c_all / p_all:.2f} of plain's; beetle's tasks/s {rate / c_rate:.2f} "
+            f"of it"
+        )
     bound = 1.5 if body == 0 else 1.6
     print(
         f"  beetle/plain: tasks/s {rate / _med(plain.rate):.2f}, CPU/task {b_all / p_all:.2f} "
@@ -280,6 +292,8 @@ def contenders(opts: argparse.Namespace, tmp: Path) -> Iterator[tuple[dict[str, 
                                             **extra}),
                     "floor": Kind("floor", pair, "bench.plain", twice=True,
                                   env={"BENCH_TRANSPORT_DEDUP": "1"}, servers=two),
+                    "claimed": Kind("claimed", pair, "bench.claimed", twice=True,
+                                    env={"BENCH_TRANSPORT_DEDUP": "1"}, servers=two),
                     "beetle": Kind("beetle", pair, "bench.beetle", servers=two),
                 }  # fmt: skip
                 print(

@@ -155,13 +155,16 @@ def test_with_every_broker_down_publish_names_the_brokers_and_recovers(brokers, 
             "interval_max": 0.5,
         },
     )
-    # the confirm comes once the queue took it; list_queues is read until it shows it
+    # the confirm comes once the queue took it; list_queues is read until it shows it (each
+    # read starts an Erlang VM for rabbitmqctl: seconds apiece on a loaded machine)
     back = brokers.nodes[1]
-    assert wait_until(lambda: back.queue_depths(brokers.vhost).get("work", (0, 0))[0] >= 1, 10), (
-        back.queue_depths(brokers.vhost),
-        back.ctl("list_bindings", "-p", brokers.vhost),
-        back.log_tail(),
-    )
+    landed = wait_until(lambda: back.queue_depths(brokers.vhost).get("work", (0, 0))[0] >= 1, 30)
+    if not landed:  # printed whole: an assertion's message is cut short in the report
+        print("depths on the broker started again:", back.queue_depths(brokers.vhost))
+        print(back.ctl("list_bindings", "-p", brokers.vhost))
+        print(back.ctl("list_connections", "-q", "name", "state", "vhost"))
+        print(back.log_tail())
+    assert landed, "the message published after the restart is not on the broker started again"
 
 
 def test_tracing_writes_one_published_event_per_copy_of_a_redundant_message(

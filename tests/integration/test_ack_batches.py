@@ -52,10 +52,7 @@ SETTLED = [(0, 0), (0, 0)]
 def _depths_when(hub: Hub, brokers, want: list[tuple[int, int]]):  # type: ignore[no-untyped-def]
     """The queue's (ready, unacked) on each broker once they are ``want``, running ``hub``
     meanwhile (the brokers' counts lag their acks), or as they are after 20 s."""
-    deadline = time.monotonic() + 20
-    while _depths(brokers) != want and time.monotonic() < deadline:
-        hub.run_once()
-        time.sleep(0.2)
+    _run_until(hub, lambda: _depths(brokers) == want, 20)
     return _depths(brokers)
 
 

@@ -29,7 +29,7 @@ from .brokers import (
 )
 from .channel import CHANNEL_ERRORS, BeetleChannel
 from .channel_host import DeliveryFilter
-from .declarations import DeclarationLog
+from .declarations import declarations_of
 from .errors import NoBrokerAvailable
 from .options import BeetleOptions
 from .publish import Publisher
@@ -73,7 +73,7 @@ class BeetleConnection:
             for address in options.all_brokers
         ]
         self.brokers = BrokerSet(links, options.publish_strategy)
-        self.declarations = DeclarationLog()
+        self.declarations = declarations_of(client)
         self.channels: list[BeetleChannel] = []
         #: sees each delivery before kombu does (:data:`kombu_beetle.channel_host.DeliveryFilter`;
         #: celery_beetle's gate sets it to hold the copies of messages running here)
@@ -103,12 +103,21 @@ class BeetleConnection:
             else:
                 link.attach(result)
                 self._prepare_socket(link)
+                self._declare_again(link)
         if not self.brokers.live():
             reasons = "; ".join(f"{link.name}: {link.last_error!r}" for link in links)
             raise NoBrokerAvailable([link.name for link in links], reasons)
         if len(self.brokers.live()) < len(links):
             self._reviver.wake()
         return self
+
+    def _declare_again(self, link: BrokerLink) -> None:
+        """A connection kombu made again (its retry after a connection error) declares on
+        each broker what the one before declared: the broker may have come back without it."""
+        try:
+            self.declarations.replay(link)
+        except CAUGHT_ERRORS as exc:
+            fail_or_raise(link, exc)
 
     @property
     def connected(self) -> bool:

@@ -4,6 +4,13 @@ A broker that was down when a queue was declared (or that lost its state) must
 get the same exchanges, queues and bindings before it is consumed from or
 published to again.  Deleting an entity removes it, and what depended on it,
 from the log.
+
+A RabbitMQ node killed right after a declaration can come back with the queue
+but without its binding (its bind-ok sent, its record not yet on disk); a message
+published to the exchange then routes nowhere and is still confirmed.  So the
+log belongs to the kombu ``Connection``, not to one transport connection: when
+kombu's retry drops a connection and makes another, the new one declares it all
+again on each broker it reaches.
 """
 
 from __future__ import annotations
@@ -130,3 +137,14 @@ class DeclarationLog:
         finally:
             if channel.is_open:
                 channel.close()
+
+
+def declarations_of(client: Any) -> DeclarationLog:
+    """The declaration log of a kombu ``Connection`` (a new one without a client)."""
+    if client is None:
+        return DeclarationLog()
+    log = getattr(client, "_beetle_declarations", None)
+    if not isinstance(log, DeclarationLog):
+        log = DeclarationLog()
+        client._beetle_declarations = log
+    return log

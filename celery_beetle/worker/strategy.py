@@ -38,6 +38,7 @@ from celery_beetle.worker.deliveries import Ending
 from celery_beetle.worker.facts import FACTS_HEADER, HANDBACK_MARK
 from celery_beetle.worker.gate import DeliveryGate
 from celery_beetle.worker.renewal import DeliveryRenewal
+from kombu_beetle.scopes import home_queue
 
 __all__ = ["GatedStrategy"]
 
@@ -88,6 +89,7 @@ class GatedStrategy:
         ending: Ending,
     ) -> None:
         """The gate lets the delivery run: hand it to Celery's strategy; never raises."""
+        _route_home(message, self.gate.queue_of(message))
         on_ack = partial(self._on_ack, message, ack, reject, ending)
         on_reject = partial(self._on_reject, message, reject, ending)
         try:
@@ -144,3 +146,15 @@ class GatedStrategy:
             return reject(*args, **kw)
         finally:
             ending.finished()
+
+
+def _route_home(message: Any, queue: str) -> None:
+    """A delivery from a migration's temporary queue is routed, for Celery, as one from the
+    queue it stands in for: Celery sends a retry to the exchange and routing key its
+    delivery came with, and the temporary queue is deleted when the migration ends, so a
+    retry sent there afterwards would be confirmed and routed nowhere."""
+    home = home_queue(queue)
+    info = getattr(message, "delivery_info", None)
+    if home != queue and isinstance(info, dict):
+        info["exchange"] = ""  # Celery then sends to the queue named by the routing key
+        info["routing_key"] = home

@@ -97,3 +97,28 @@ def test_deliveries_that_went_through_the_strategy_are_freed_without_the_cyclic_
         assert [r for r in refs if r() is not None] == [], "a reference cycle keeps them"
     finally:
         gc.enable()
+
+
+def test_a_delivery_from_a_migrations_temporary_queue_reaches_celery_routed_to_its_home_queue():
+    h = Harness()
+    gated, strategy = _gated(h)
+    message = Message()
+    message.delivery_info.update(exchange="", routing_key="jobs.beetle-migrating")
+    _deliver(gated, message, [])
+    started, _, _ = strategy.started[0]
+    # Celery's retry is sent where the delivery came from: the home queue, which stays
+    assert started.delivery_info["routing_key"] == "jobs"
+    assert started.delivery_info["exchange"] == ""
+
+
+def test_a_delivery_from_its_own_queue_keeps_its_routing():
+    h = Harness()
+    gated, strategy = _gated(h)
+    message = Message()
+    message.delivery_info.update(exchange="jobs", routing_key="jobs")
+    _deliver(gated, message, [])
+    started, _, _ = strategy.started[0]
+    assert (started.delivery_info["exchange"], started.delivery_info["routing_key"]) == (
+        "jobs",
+        "jobs",
+    )

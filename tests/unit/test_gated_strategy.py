@@ -99,26 +99,21 @@ def test_deliveries_that_went_through_the_strategy_are_freed_without_the_cyclic_
         gc.enable()
 
 
-def test_a_delivery_from_a_migrations_temporary_queue_reaches_celery_routed_to_its_home_queue():
-    h = Harness()
-    gated, strategy = _gated(h)
+def _routing_seen_by_celery(exchange: str, routing_key: str) -> tuple[str, str]:
+    """The exchange and routing key Celery's strategy sees for a delivery that came with
+    ``exchange`` and ``routing_key`` (the harness's queue is the routing key)."""
+    gated, strategy = _gated(Harness())
     message = Message()
-    message.delivery_info.update(exchange="", routing_key="jobs.beetle-migrating")
+    message.delivery_info.update(exchange=exchange, routing_key=routing_key)
     _deliver(gated, message, [])
     started, _, _ = strategy.started[0]
+    return started.delivery_info["exchange"], started.delivery_info["routing_key"]
+
+
+def test_a_delivery_from_a_migrations_temporary_queue_reaches_celery_routed_to_its_home_queue():
     # Celery's retry is sent where the delivery came from: the home queue, which stays
-    assert started.delivery_info["routing_key"] == "jobs"
-    assert started.delivery_info["exchange"] == ""
+    assert _routing_seen_by_celery("", "jobs.beetle-migrating") == ("", "jobs")
 
 
 def test_a_delivery_from_its_own_queue_keeps_its_routing():
-    h = Harness()
-    gated, strategy = _gated(h)
-    message = Message()
-    message.delivery_info.update(exchange="jobs", routing_key="jobs")
-    _deliver(gated, message, [])
-    started, _, _ = strategy.started[0]
-    assert (started.delivery_info["exchange"], started.delivery_info["routing_key"]) == (
-        "jobs",
-        "jobs",
-    )
+    assert _routing_seen_by_celery("jobs", "jobs") == ("jobs", "jobs")

@@ -222,6 +222,15 @@ class RabbitNode:
             )
         return result.stdout
 
+    def write_definitions_to_disk(self) -> None:
+        """Write the node's recent declarations to disk before a kill.
+
+        RabbitMQ 3.x keeps queues, exchanges and bindings in Mnesia, which writes its log
+        lazily: a node SIGKILLed within moments of a declaration can come back without it,
+        and then without the persistent messages of that queue.
+        """
+        self.ctl("eval", "mnesia:dump_log().")
+
     def create_vhost(self, name: str) -> None:
         """Create a vhost and give guest full permissions on it."""
         if self.management_port is None:

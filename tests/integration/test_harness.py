@@ -74,6 +74,7 @@ def test_kill_then_restart_keeps_persistent_messages_of_a_durable_queue(
 ) -> None:
     node = brokers.nodes[0]
     _publish_persistent(node, brokers.vhost, "durable", [b"a", b"b", b"c"])
+    node.write_definitions_to_disk()  # else the kill can take the queue's declaration along
     old_pid, port = node.pid, node.port
 
     node.kill()

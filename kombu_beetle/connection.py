@@ -102,22 +102,15 @@ class BeetleConnection:
                 BROKER_LOG.down(link.name, result)
             else:
                 link.attach(result)
-                self._prepare_socket(link)
-                self._declare_again(link)
+                # as for a broker that comes back: a connection kombu made again (its retry
+                # after a connection error) declares what the one before declared
+                self._on_link_up(link)
         if not self.brokers.live():
             reasons = "; ".join(f"{link.name}: {link.last_error!r}" for link in links)
             raise NoBrokerAvailable([link.name for link in links], reasons)
         if len(self.brokers.live()) < len(links):
             self._reviver.wake()
         return self
-
-    def _declare_again(self, link: BrokerLink) -> None:
-        """A connection kombu made again (its retry after a connection error) declares on
-        each broker what the one before declared: the broker may have come back without it."""
-        try:
-            self.declarations.replay(link)
-        except CAUGHT_ERRORS as exc:
-            fail_or_raise(link, exc)
 
     @property
     def connected(self) -> bool:
@@ -192,6 +185,8 @@ class BeetleConnection:
             channel.reconsume_due()
 
     def _on_link_up(self, link: BrokerLink) -> None:
+        """A broker connected: bound its socket, declare the log on it (it may have come back
+        without what was declared), and let every channel consume from it."""
         try:
             self._prepare_socket(link)
             self.declarations.replay(link)
